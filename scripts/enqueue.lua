@@ -1,0 +1,45 @@
+-- enqueue: join the starvation queue, or refresh the entry's liveness, and
+-- take the lock when it is free and this entry is the live head.
+-- ARGV = owner, entry, entry ttl ms, lease ms, fencing '1'|'0', publish
+-- command, channel.
+-- Returns {1, fence} granted (full lease set); {2, pttl} still queued.
+local owner, entry, ttl, lease = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
+local fencing = ARGV[5] == '1'
+
+local bad = type_ok(hash, 'hash') or queue_types_ok()
+  or (fencing and type_ok(fencekey, 'string'))
+if bad then return bad end
+
+local function granted_now()
+  redis.call('pexpire', hash, lease)
+  local f = 0
+  if fencing then f = tonumber(redis.call('get', fencekey) or next_fence()) end
+  return {1, f}
+end
+
+local now = now_ms()
+if not redis.call('zscore', alive, entry) then
+  if redis.call('hexists', hash, owner) == 1 then
+    -- Granted while we waited (the grant message may have been missed).
+    return granted_now()
+  end
+  redis.call('zadd', queue, now_us_string(), entry)
+end
+redis.call('zadd', alive, now + ttl, entry)
+prune(now)
+expire_queue(now)
+
+if redis.call('exists', hash) == 0 then
+  local head = redis.call('zrange', queue, 0, 0)[1]
+  if head == entry then
+    drop_entry(entry)
+    redis.call('hset', hash, owner, 1)
+    redis.call('pexpire', hash, lease)
+    local f = 0
+    if fencing then f = tonumber(next_fence()) end
+    return {1, f}
+  end
+  grant_head(now, ARGV[6], ARGV[7])
+  if redis.call('hexists', hash, owner) == 1 then return granted_now() end
+end
+return {2, pttl_of(hash)}

@@ -1,0 +1,295 @@
+package remutex
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// watchdog renews every hold of a Client. One goroutine does it, started with
+// the first hold and stopped and joined by Close; it keeps no goroutine or
+// timer per lock. Holds that are due are renewed together: one script call per
+// cluster slot (one in all on a single node), sent in one pipeline. The
+// pipeline runs in a helper goroutine the watchdog owns, so that a reply that
+// never comes cannot keep the watchdog from declaring holds lost when their
+// validity deadline passes.
+//
+// A hold is valid until the send time of its last successful acquire or
+// renewal plus its lease minus a drift margin. A renewal whose reply arrives
+// after that counts as failed. A renewal that finds another owner loses the
+// hold at once; failed renewals are retried sooner, and when the deadline
+// passes without success the hold is lost.
+type watchdog struct {
+	c       *Client
+	holds   map[*hold]struct{} // guarded by c.mu
+	started bool               // guarded by c.mu
+	kick    chan struct{}      // capacity 1: the hold set changed
+	quit    chan struct{}
+	done    chan struct{}
+}
+
+// maxBatch bounds the keys of one renewal script call, so that the server is
+// never busy for long in one script.
+const maxBatch = 500
+
+// addLocked starts tracking h, starting the goroutine on first use.
+func (w *watchdog) addLocked(h *hold) {
+	if w.holds == nil {
+		w.holds = make(map[*hold]struct{})
+		w.kick = make(chan struct{}, 1)
+		w.quit = make(chan struct{})
+		w.done = make(chan struct{})
+	}
+	w.holds[h] = struct{}{}
+	if !w.started {
+		w.started = true
+		go w.run()
+	}
+	w.poke()
+}
+
+func (w *watchdog) removeLocked(h *hold) {
+	delete(w.holds, h)
+}
+
+func (w *watchdog) poke() {
+	select {
+	case w.kick <- struct{}{}:
+	default:
+	}
+}
+
+// loseAllLocked marks every tracked hold lost (Close) and returns the notices.
+func (w *watchdog) loseAllLocked(cause error) []error {
+	var lost []error
+	for h := range w.holds {
+		if err := w.c.loseLocked(h, cause); err != nil {
+			lost = append(lost, err)
+		}
+	}
+	return lost
+}
+
+// stop ends the goroutine and waits for it (and any renewal in flight).
+func (w *watchdog) stop() {
+	w.c.mu.Lock()
+	started := w.started
+	w.c.mu.Unlock()
+	if started {
+		close(w.quit)
+		<-w.done
+	}
+}
+
+type renewal struct {
+	holds []*hold
+	sent  time.Time
+	res   []int64 // per hold: 1 renewed, 0 not ours, -1 failed
+}
+
+func (w *watchdog) run() {
+	defer close(w.done)
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	var inflight chan *renewal
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for {
+		due, wake, lost := w.scan(inflight != nil)
+		w.c.reportAll(lost)
+		if len(due) > 0 {
+			inflight = make(chan *renewal, 1)
+			go w.renew(ctx, due, inflight)
+		}
+		timer.Reset(time.Until(wake))
+		select {
+		case <-timer.C:
+		case <-w.kick:
+		case r := <-inflight:
+			inflight = nil
+			w.c.reportAll(w.apply(r))
+		case <-w.quit:
+			cancel()
+			if inflight != nil {
+				<-inflight
+			}
+			return
+		}
+	}
+}
+
+// scan loses the holds past their deadline, picks the holds due for renewal
+// (unless a renewal is in flight) and returns when to look again.
+func (w *watchdog) scan(busy bool) (due []*hold, wake time.Time, lost []error) {
+	c := w.c
+	now := time.Now()
+	wake = now.Add(time.Hour)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for h := range w.holds {
+		if !now.Before(h.valid) {
+			cause := errExpired
+			if !h.m.renew {
+				cause = errLeaseEnded
+			}
+			if err := c.loseLocked(h, cause); err != nil {
+				lost = append(lost, err)
+			}
+			continue
+		}
+		wake = earliest(wake, h.valid)
+		if !h.m.renew || h.inBatch {
+			continue
+		}
+		// Renew a little early so that holds due at nearly the same time
+		// share a round trip.
+		early := h.next.Add(-h.m.lease / 12)
+		if !busy && !now.Before(early) {
+			h.inBatch = true
+			due = append(due, h)
+			continue
+		}
+		wake = earliest(wake, early)
+	}
+	return due, wake, lost
+}
+
+var errLeaseEnded = errors.New("the fixed lease ran out (WithoutRenewal)")
+
+func earliest(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+// renew sends one pipelined round trip renewing holds and passes the outcome
+// back. Keys are grouped by cluster slot; on a single node one group suffices.
+func (w *watchdog) renew(ctx context.Context, holds []*hold, out chan<- *renewal) {
+	c := w.c
+	r := &renewal{holds: holds, sent: time.Now(), res: make([]int64, len(holds))}
+	// A reply later than the earliest deadline is useless: stop waiting then.
+	deadline := holds[0].valid
+	c.mu.Lock()
+	type item struct {
+		idx   int
+		key   string
+		owner interface{}
+		lease interface{}
+	}
+	groups := map[int][]item{}
+	_, cluster := c.rdb.(*redis.ClusterClient)
+	for i, h := range holds {
+		deadline = earliest(deadline, h.valid)
+		slot := 0
+		if cluster {
+			slot = keySlot(h.m.k.hash())
+		}
+		groups[slot] = append(groups[slot], item{idx: i, key: h.m.k.hash(), owner: h.ownerArg, lease: h.m.leaseArg})
+	}
+	c.mu.Unlock()
+	ctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+
+	type call struct {
+		items []item
+		keys  []string
+		args  []interface{}
+		cmd   *redis.Cmd
+	}
+	var calls []*call
+	for _, g := range groups {
+		for len(g) > 0 {
+			n := min(len(g), maxBatch)
+			cl := &call{items: g[:n], keys: make([]string, n), args: make([]interface{}, 0, 2*n)}
+			for j, it := range g[:n] {
+				cl.keys[j] = it.key
+				cl.args = append(cl.args, it.owner, it.lease)
+			}
+			calls = append(calls, cl)
+			g = g[n:]
+		}
+	}
+	run := func(eval bool) {
+		pipe := c.rdb.Pipeline()
+		for _, cl := range calls {
+			if eval {
+				cl.cmd = renewScript.Eval(ctx, pipe, cl.keys, cl.args...)
+			} else {
+				cl.cmd = renewScript.EvalSha(ctx, pipe, cl.keys, cl.args...)
+			}
+		}
+		_, _ = pipe.Exec(ctx)
+	}
+	run(false)
+	for _, cl := range calls {
+		if redis.HasErrorPrefix(cl.cmd.Err(), "NOSCRIPT") {
+			run(true) // the server lost its scripts (SCRIPT FLUSH, restart)
+			break
+		}
+	}
+	for _, cl := range calls {
+		vals, err := cl.cmd.Slice()
+		for j, it := range cl.items {
+			r.res[it.idx] = -1
+			if err == nil && j < len(vals) {
+				if v, ok := vals[j].(int64); ok {
+					r.res[it.idx] = v
+				}
+			}
+		}
+		if err != nil && !errors.Is(err, context.Canceled) {
+			c.log.Warn("remutex: renewal failed", "locks", len(cl.items), "err", err)
+		}
+	}
+	out <- r
+}
+
+// apply records the outcome of a renewal round trip.
+func (w *watchdog) apply(r *renewal) (lost []error) {
+	c := w.c
+	now := time.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i, h := range r.holds {
+		h.inBatch = false
+		if _, ok := w.holds[h]; !ok || h.ending {
+			continue // unlocked, being unlocked, or lost meanwhile
+		}
+		switch {
+		case r.res[i] == 0:
+			if err := c.loseLocked(h, errDenied); err != nil {
+				lost = append(lost, err)
+			}
+		case r.res[i] == 1 && now.Before(h.valid):
+			h.valid = r.sent.Add(h.m.lease - h.m.drift())
+			h.next = r.sent.Add(h.m.lease / 3)
+		default:
+			// Failed or too late: try again soon; scan loses the hold when
+			// its deadline passes first.
+			h.next = now.Add(max(h.m.lease/12, 5*time.Millisecond))
+		}
+	}
+	return lost
+}
+
+// keySlot is Redis Cluster's slot of key: CRC16 of its hash tag mod 16384.
+func keySlot(key string) int {
+	if tag := hashTag(key); tag != "" {
+		key = tag
+	}
+	var crc uint16
+	for i := 0; i < len(key); i++ {
+		crc ^= uint16(key[i]) << 8
+		for b := 0; b < 8; b++ {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return int(crc) % 16384
+}
