@@ -3,6 +3,7 @@ package remutex
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"encoding/hex"
 	"fmt"
 	"log/slog"
@@ -306,13 +307,14 @@ func (m *DistMutex) Name() string { return m.name }
 // holds m, Lock raises its hold count (one round trip) instead. Transient Redis
 // errors are retried with capped exponential backoff and reported to the error
 // handler; Lock returns only once the lock is held. Permanent errors (a key of
-// another type, NOPERM, a script error, a closed Client) panic with a message
-// starting "remutex: ". A nested Lock on a hold that was lost raises the count
+// another type, NOPERM, a script error, a closed Client) panic with the error,
+// whose message starts "remutex: " (a recovered value works with errors.Is and
+// errors.As). A nested Lock on a hold that was lost raises the count
 // all the same and reports ErrLockLost to the error handler: Lost stays
 // closed, and the matching Unlocks report ErrLockLost.
 func (m *DistMutex) Lock() {
 	if _, err := m.lock(context.Background(), false, true); err != nil {
-		panic(err.Error())
+		panic(err)
 	}
 }
 
@@ -334,11 +336,11 @@ func (m *DistMutex) LockContext(ctx context.Context) error {
 func (m *DistMutex) TryLock() bool {
 	ok, err := m.lock(context.Background(), true, true)
 	if err != nil {
-		if transient(err) {
+		if transient(err) || errors.Is(err, ErrLockLost) {
 			m.c.report(err)
 			return false
 		}
-		panic(err.Error())
+		panic(err)
 	}
 	return ok
 }
@@ -456,15 +458,20 @@ func (m *DistMutex) lock(ctx context.Context, try, plain bool) (bool, error) {
 		c.mu.Unlock()
 		return m.nested(ctx, h, try, plain)
 	}
-	var owner string
-	if m.reentrant {
-		owner = c.id + ":" + strconv.FormatInt(gid, 10)
+	a := attempt{m: m, gid: gid}
+	if st := c.locks[m.k.hash()]; m.reentrant && st != nil && st.lastOwner != nil && st.lastOwner.gid == gid {
+		// The goroutine that held this lock last takes it again: reuse its
+		// owner token instead of building and boxing it anew.
+		a.owner, a.ownerArg = st.lastOwner.owner, st.lastOwner.ownerArg
 	} else {
-		c.seq++
-		owner = c.id + ":n" + strconv.FormatUint(c.seq, 10)
+		if m.reentrant {
+			a.owner = c.id + ":" + strconv.FormatInt(gid, 10)
+		} else {
+			a.owner = c.id + ":n" + strconv.FormatUint(c.nextSeqLocked(), 10)
+		}
+		a.ownerArg = a.owner
 	}
 	c.mu.Unlock()
-	a := attempt{m: m, gid: gid, owner: owner, ownerArg: owner}
 
 	var bo backoff
 	for {
@@ -597,7 +604,7 @@ func (a *attempt) complete(ctx context.Context, fence int64, valid time.Time, re
 		}
 		return false, nil
 	}
-	h.relID = c.id + "#" + strconv.FormatUint(c.nextSeqLocked(), 10)
+	h.relID = int64(c.nextSeqLocked())
 	if renewNow {
 		h.next = now
 	} else {
@@ -631,6 +638,13 @@ func (m *DistMutex) unlock(ctx context.Context, plain bool) error {
 		return m.wrap(ErrNotHeld)
 	}
 	want := h.count - 1
+	if h.lostErr == nil && !time.Now().Before(h.valid) {
+		// Past its validity deadline the hold may be gone on the server: it
+		// is lost, whether or not the watchdog has looked yet.
+		if notice := c.loseLocked(h, errExpired); notice != nil {
+			defer c.report(notice)
+		}
+	}
 	if lost := h.lostErr; lost != nil {
 		h.count = want
 		if want == 0 {
@@ -648,33 +662,15 @@ func (m *DistMutex) unlock(ctx context.Context, plain bool) error {
 	h.ending = want == 0
 	c.mu.Unlock()
 
-	// Retry transient errors while the hold can still be valid; past that the
-	// lease ends it on the server anyway.
-	rctx, cancel := context.WithDeadline(ctx, valid)
-	defer cancel()
-	var res int64
-	var err error
-	var bo backoff
-	for {
-		sent := time.Now()
-		res, err = c.release(rctx, &m.k, h.ownerArg, want, m.keepArg, h.relID)
-		if err == nil {
-			if want > 0 && m.renew && res != releaseNotHeld {
-				c.mu.Lock()
-				h.extendLocked(sent.Add(m.lease - m.drift()))
-				c.mu.Unlock()
-			}
-			break
-		}
-		if !transient(err) || rctx.Err() != nil {
-			break
-		}
-		t := time.NewTimer(bo.next())
-		select {
-		case <-t.C:
-		case <-rctx.Done():
-		}
-		t.Stop()
+	sent := time.Now()
+	res, err := c.release(ctx, &m.k, h.ownerArg, want, m.keepArg, h.relID)
+	if err != nil && transient(err) {
+		res, err = m.retryRelease(ctx, h, want, valid, err)
+	}
+	if err == nil && want > 0 && m.renew && res != releaseNotHeld {
+		c.mu.Lock()
+		h.extendLocked(sent.Add(m.lease - m.drift()))
+		c.mu.Unlock()
 	}
 
 	c.mu.Lock()
@@ -704,6 +700,27 @@ func (m *DistMutex) unlock(ctx context.Context, plain bool) error {
 		return m.wrap(err)
 	}
 	return nil
+}
+
+// retryRelease retries a release that met a transient error while the hold
+// can still be valid; past that the lease ends it on the server anyway.
+func (m *DistMutex) retryRelease(ctx context.Context, h *hold, want int, valid time.Time, err error) (int64, error) {
+	ctx, cancel := context.WithDeadline(ctx, valid)
+	defer cancel()
+	var bo backoff
+	for transient(err) && ctx.Err() == nil {
+		t := time.NewTimer(bo.next())
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+		}
+		t.Stop()
+		var res int64
+		if res, err = m.c.release(ctx, &m.k, h.ownerArg, want, m.keepArg, h.relID); err == nil {
+			return res, nil
+		}
+	}
+	return 0, err
 }
 
 // cleanup deletes a lost hold's field if it is still there, best effort.

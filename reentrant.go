@@ -68,6 +68,9 @@ type lockState struct {
 	holds   []*hold   // reentrant holds; at most one valid, lost ones until unlocked
 	extra   int       // NonReentrant holds, which live on their DistMutex
 	waiters []*waiter // FIFO
+	// lastOwner is the latest reentrant hold, kept so that the goroutine that
+	// held the lock last can take it again without building its owner token.
+	lastOwner *hold
 }
 
 func (st *lockState) idle() bool { return len(st.holds) == 0 && st.extra == 0 && len(st.waiters) == 0 }
@@ -78,7 +81,7 @@ type hold struct {
 	m        *DistMutex
 	owner    string
 	ownerArg interface{}
-	relID    interface{} // unique per hold: marks its final release
+	relID    interface{} // unique per hold (with owner): marks its final release
 	gid      int64
 	count    int
 	fence    int64
@@ -185,6 +188,7 @@ func (m *DistMutex) addHoldLocked(h *hold) {
 	st := m.c.stateLocked(m)
 	if m.reentrant {
 		st.holds = append(st.holds, h)
+		st.lastOwner = h
 	} else {
 		m.nr = h
 		st.extra++

@@ -1,8 +1,9 @@
--- release: ARGV = owner, wanted count, lease ms ('0' keeps the TTL), release
--- id (unique per hold), marker ttl ms, publish command, channel.
+-- release: ARGV = owner, wanted count, lease ms ('0' keeps the TTL), hold
+-- sequence number (unique per owner), marker ttl ms, publish command, channel.
 -- Returns 0 not held; 1 released or count lowered; 2 released and handed to
 -- the head of the starvation queue.
-local owner, wanted, lease, relid = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local owner, wanted, lease = ARGV[1], ARGV[2], ARGV[3]
+local relid = owner .. '#' .. ARGV[4]
 
 local cur = redis.pcall('hget', hash, owner)
 if type(cur) == 'table' then return 0 end -- the key holds another type: not ours
