@@ -3,8 +3,8 @@ package remutex
 import (
 	"context"
 	"crypto/rand"
-	"errors"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
 	"reflect"
