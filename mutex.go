@@ -58,6 +58,7 @@ type Client struct {
 	prefix  string
 	log     *slog.Logger
 	onError func(error)
+	hook    func(Event)
 	publish interface{} // the publish command scripts use: "publish"
 
 	closing chan struct{} // closed by Close
@@ -159,7 +160,7 @@ func (c *Client) Close() error {
 	c.mu.Unlock()
 	c.wd.stop()
 	c.sub.close()
-	c.reportAll(lost)
+	c.announce(lost)
 	return nil
 }
 
@@ -167,12 +168,6 @@ func (c *Client) Close() error {
 func (c *Client) report(err error) {
 	if c.onError != nil {
 		c.onError(err)
-	}
-}
-
-func (c *Client) reportAll(errs []error) {
-	for _, err := range errs {
-		c.report(err)
 	}
 }
 
@@ -458,7 +453,7 @@ func (m *DistMutex) lock(ctx context.Context, try, plain bool) (bool, error) {
 		c.mu.Unlock()
 		return m.nested(ctx, h, try, plain)
 	}
-	a := attempt{m: m, gid: gid}
+	a := attempt{m: m, gid: gid, start: time.Now()}
 	if st := c.locks[m.k.hash()]; m.reentrant && st != nil && st.lastOwner != nil && st.lastOwner.gid == gid {
 		// The goroutine that held this lock last takes it again: reuse its
 		// owner token instead of building and boxing it anew.
@@ -492,7 +487,12 @@ func (m *DistMutex) lock(ctx context.Context, try, plain bool) (bool, error) {
 			if err != nil {
 				return false, m.wrap(err)
 			}
-			return a.wait(ctx, r, plain)
+			waitStart := time.Now()
+			held, err := a.wait(ctx, r, plain)
+			if c.hook != nil {
+				c.emit(Event{Kind: EventWaited, Lock: m.name, Owner: a.owner, Duration: time.Since(waitStart), Err: err})
+			}
+			return held, err
 		}
 		// A transient error before any waiting: retry, then wait as usual.
 		if err := a.pause(ctx, &bo, err); err != nil {
@@ -532,9 +532,9 @@ func (m *DistMutex) nested(ctx context.Context, h *hold, try, plain bool) (bool,
 			return true, nil
 		case err == nil:
 			c.mu.Lock()
-			notice := c.loseLocked(h, errHoldGone)
+			lost := c.loseLocked(h, errHoldGone)
 			c.mu.Unlock()
-			c.report(notice)
+			c.announce(lost)
 		case try || !transient(err):
 			return false, m.wrap(err)
 		default:
@@ -551,6 +551,7 @@ type attempt struct {
 	gid      int64
 	owner    string
 	ownerArg interface{}
+	start    time.Time // the Lock call
 }
 
 func (a *attempt) acquire(ctx context.Context) (scriptReply, time.Time, error) {
@@ -565,7 +566,7 @@ func (a *attempt) pause(ctx context.Context, bo *backoff, cause error) error {
 	m := a.m
 	err := m.wrap(cause)
 	m.c.report(err)
-	m.c.log.Debug("remutex: retrying after transient error", "lock", m.name, "err", cause)
+	m.c.log.Warn("remutex: retrying after transient error", "lock", m.name, "op", "acquire", "err", cause)
 	t := time.NewTimer(bo.next())
 	defer t.Stop()
 	select {
@@ -605,6 +606,7 @@ func (a *attempt) complete(ctx context.Context, fence int64, valid time.Time, re
 		return false, nil
 	}
 	h.relID = int64(c.nextSeqLocked())
+	h.acquired = now
 	if renewNow {
 		h.next = now
 	} else {
@@ -613,6 +615,9 @@ func (a *attempt) complete(ctx context.Context, fence int64, valid time.Time, re
 	m.addHoldLocked(h)
 	c.wd.addLocked(h)
 	c.mu.Unlock()
+	if c.hook != nil {
+		c.emit(h.event(EventAcquired, now.Sub(a.start), nil))
+	}
 	return true, nil
 }
 
@@ -641,9 +646,8 @@ func (m *DistMutex) unlock(ctx context.Context, plain bool) error {
 	if h.lostErr == nil && !time.Now().Before(h.valid) {
 		// Past its validity deadline the hold may be gone on the server: it
 		// is lost, whether or not the watchdog has looked yet.
-		if notice := c.loseLocked(h, errExpired); notice != nil {
-			defer c.report(notice)
-		}
+		lost := c.loseLocked(h, errExpired)
+		defer c.announce(lost)
 	}
 	if lost := h.lostErr; lost != nil {
 		h.count = want
@@ -674,9 +678,11 @@ func (m *DistMutex) unlock(ctx context.Context, plain bool) error {
 	}
 
 	c.mu.Lock()
-	var notice error
+	var news []notice
 	if err == nil && res == releaseNotHeld {
-		notice = c.loseLocked(h, errHoldGone)
+		news = c.loseLocked(h, errHoldGone) // the loss itself, found by this call
+	} else if err == nil && want == 0 && c.hook != nil {
+		news = []notice{{ev: h.event(EventReleased, time.Since(h.acquired), nil)}}
 	}
 	lost := h.lostErr
 	h.count = want
@@ -687,11 +693,9 @@ func (m *DistMutex) unlock(ctx context.Context, plain bool) error {
 		}
 	}
 	c.mu.Unlock()
+	c.announce(news)
 	switch {
 	case err == nil && res == releaseNotHeld:
-		if notice != nil {
-			c.report(notice) // the loss itself, found by this call
-		}
 		if plain {
 			return nil
 		}
@@ -709,6 +713,7 @@ func (m *DistMutex) retryRelease(ctx context.Context, h *hold, want int, valid t
 	defer cancel()
 	var bo backoff
 	for transient(err) && ctx.Err() == nil {
+		m.c.log.Warn("remutex: retrying after transient error", "lock", m.name, "op", "release", "err", err)
 		t := time.NewTimer(bo.next())
 		select {
 		case <-t.C:
@@ -861,6 +866,7 @@ func (a *attempt) wait(ctx context.Context, r scriptReply, plain bool) (bool, er
 				return a.giveUp(ctx, w, err)
 			}
 			c.report(m.wrap(err))
+			c.log.Warn("remutex: retrying after transient error", "lock", m.name, "op", "wait", "err", err)
 			continue
 		}
 		bo = backoff{}

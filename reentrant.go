@@ -86,12 +86,13 @@ type hold struct {
 	count    int
 	fence    int64
 
-	valid   time.Time // validity deadline on the monotonic clock
-	next    time.Time // next renewal
-	inBatch bool      // a renewal of it is in flight
-	ending  bool      // its final release is in flight: renewal replies are moot
-	lostCh  chan struct{}
-	lostErr error // non-nil once lost; wraps ErrLockLost
+	acquired time.Time // when the hold began
+	valid    time.Time // validity deadline on the monotonic clock
+	next     time.Time // next renewal
+	inBatch  bool      // a renewal of it is in flight
+	ending   bool      // its final release is in flight: renewal replies are moot
+	lostCh   chan struct{}
+	lostErr  error // non-nil once lost; wraps ErrLockLost
 }
 
 func (h *hold) lostChanLocked() chan struct{} {
@@ -250,9 +251,9 @@ func (st *lockState) removeWaiterLocked(w *waiter) {
 }
 
 // loseLocked marks h lost: Lost closes, renewal stops, Unlock will report
-// ErrLockLost. It returns the error to report (after c.mu is released), or nil
-// if h was lost already.
-func (c *Client) loseLocked(h *hold, cause error) error {
+// ErrLockLost. It returns the notice to announce once c.mu is released (none
+// if h was lost already).
+func (c *Client) loseLocked(h *hold, cause error) []notice {
 	if h.lostErr != nil {
 		return nil
 	}
@@ -262,7 +263,8 @@ func (c *Client) loseLocked(h *hold, cause error) error {
 	}
 	c.wd.removeLocked(h)
 	c.log.Warn("remutex: lock lost", "lock", h.m.name, "owner", h.owner, "fence", h.fence, "cause", cause.Error())
-	return h.m.wrap(h.lostErr)
+	err := h.m.wrap(h.lostErr)
+	return []notice{{err: err, ev: h.event(EventLost, time.Since(h.acquired), err)}}
 }
 
 // jitter returns a random duration in [0, d).

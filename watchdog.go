@@ -62,12 +62,9 @@ func (w *watchdog) poke() {
 }
 
 // loseAllLocked marks every tracked hold lost (Close) and returns the notices.
-func (w *watchdog) loseAllLocked(cause error) []error {
-	var lost []error
+func (w *watchdog) loseAllLocked(cause error) (lost []notice) {
 	for h := range w.holds {
-		if err := w.c.loseLocked(h, cause); err != nil {
-			lost = append(lost, err)
-		}
+		lost = append(lost, w.c.loseLocked(h, cause)...)
 	}
 	return lost
 }
@@ -98,7 +95,7 @@ func (w *watchdog) run() {
 	defer cancel()
 	for {
 		due, wake, lost := w.scan(inflight != nil)
-		w.c.reportAll(lost)
+		w.c.announce(lost)
 		if len(due) > 0 {
 			inflight = make(chan *renewal, 1)
 			go w.renew(ctx, due, inflight)
@@ -109,7 +106,7 @@ func (w *watchdog) run() {
 		case <-w.kick:
 		case r := <-inflight:
 			inflight = nil
-			w.c.reportAll(w.apply(r))
+			w.c.announce(w.apply(r))
 		case <-w.quit:
 			cancel()
 			if inflight != nil {
@@ -122,7 +119,7 @@ func (w *watchdog) run() {
 
 // scan loses the holds past their deadline, picks the holds due for renewal
 // (unless a renewal is in flight) and returns when to look again.
-func (w *watchdog) scan(busy bool) (due []*hold, wake time.Time, lost []error) {
+func (w *watchdog) scan(busy bool) (due []*hold, wake time.Time, lost []notice) {
 	c := w.c
 	now := time.Now()
 	wake = now.Add(time.Hour)
@@ -134,9 +131,7 @@ func (w *watchdog) scan(busy bool) (due []*hold, wake time.Time, lost []error) {
 			if !h.m.renew {
 				cause = errLeaseEnded
 			}
-			if err := c.loseLocked(h, cause); err != nil {
-				lost = append(lost, err)
-			}
+			lost = append(lost, c.loseLocked(h, cause)...)
 			continue
 		}
 		wake = earliest(wake, h.valid)
@@ -248,7 +243,7 @@ func (w *watchdog) renew(ctx context.Context, holds []*hold, out chan<- *renewal
 }
 
 // apply records the outcome of a renewal round trip.
-func (w *watchdog) apply(r *renewal) (lost []error) {
+func (w *watchdog) apply(r *renewal) (news []notice) {
 	c := w.c
 	now := time.Now()
 	c.mu.Lock()
@@ -260,19 +255,20 @@ func (w *watchdog) apply(r *renewal) (lost []error) {
 		}
 		switch {
 		case r.res[i] == 0:
-			if err := c.loseLocked(h, errDenied); err != nil {
-				lost = append(lost, err)
-			}
+			news = append(news, c.loseLocked(h, errDenied)...)
 		case r.res[i] == 1 && now.Before(h.valid):
 			h.valid = r.sent.Add(h.m.lease - h.m.drift())
 			h.next = r.sent.Add(h.m.lease / 3)
+			if c.hook != nil {
+				news = append(news, notice{ev: h.event(EventRenewed, now.Sub(r.sent), nil)})
+			}
 		default:
 			// Failed or too late: try again soon; scan loses the hold when
 			// its deadline passes first.
 			h.next = now.Add(max(h.m.lease/12, 5*time.Millisecond))
 		}
 	}
-	return lost
+	return news
 }
 
 // keySlot is Redis Cluster's slot of key: CRC16 of its hash tag mod 16384.
