@@ -24,6 +24,11 @@ var (
 
 	// ErrClosed is returned for calls on a Client after Close.
 	ErrClosed = errors.New("remutex: client closed")
+
+	// ErrTooFewReplicas reports that fewer replicas than WithReplicaAck asks
+	// for acknowledged an acquisition in time; it was rolled back. It is
+	// transient: Lock retries it.
+	ErrTooFewReplicas = errors.New("remutex: too few replicas acknowledged")
 )
 
 // WrongTypeError reports that a key under a lock's name holds a value of
@@ -41,8 +46,19 @@ func (e *WrongTypeError) Error() string {
 // lockError wraps err with the name of the lock it concerns, keeping it
 // matchable with errors.Is and errors.As.
 func lockError(name string, err error) error {
-	return fmt.Errorf("remutex: lock %q: %w", name, err)
+	return &namedError{name: name, err: err}
 }
+
+type namedError struct {
+	name string
+	err  error
+}
+
+func (e *namedError) Error() string {
+	return fmt.Sprintf("remutex: lock %q: %s", e.name, strings.TrimPrefix(e.err.Error(), "remutex: "))
+}
+
+func (e *namedError) Unwrap() error { return e.err }
 
 // scriptError turns the error reply of a script call into a Go error: the
 // typed WrongTypeError where a script refused a key, otherwise err itself.
@@ -68,6 +84,9 @@ var transientPrefixes = []string{
 // timeouts, and the Redis replies above. Everything else (WRONGTYPE, NOPERM,
 // OOM, script errors, ErrClosed, a context's end) is permanent.
 func transient(err error) bool {
+	if errors.Is(err, ErrTooFewReplicas) {
+		return true
+	}
 	if err == nil || errors.Is(err, ErrClosed) ||
 		errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return false

@@ -117,6 +117,9 @@ type scriptReply struct {
 }
 
 func (c *Client) acquire(ctx context.Context, k *lockKeys, owner interface{}, have, want int, lease interface{}, fencing interface{}) (scriptReply, error) {
+	if have == 0 && c.ackReplicas > 0 {
+		return c.acked(ctx, acquireScript, k, owner, owner, have, want, lease, fencing, c.publish, k.channelArg)
+	}
 	v, err := c.eval(ctx, acquireScript, k, owner, have, want, lease, fencing, c.publish, k.channelArg)
 	if err != nil {
 		return scriptReply{}, err
@@ -126,12 +129,68 @@ func (c *Client) acquire(ctx context.Context, k *lockKeys, owner interface{}, ha
 }
 
 func (c *Client) enqueue(ctx context.Context, k *lockKeys, owner, entry string, ttl time.Duration, lease, fencing interface{}) (scriptReply, error) {
+	if c.ackReplicas > 0 {
+		return c.acked(ctx, enqueueScript, k, owner, owner, entry, ttl.Milliseconds(), lease, fencing, c.publish, k.channelArg)
+	}
 	v, err := c.eval(ctx, enqueueScript, k, owner, entry, ttl.Milliseconds(), lease, fencing, c.publish, k.channelArg)
 	if err != nil {
 		return scriptReply{}, err
 	}
 	code, val, err := pair(v)
 	return scriptReply{code, val}, err
+}
+
+// acked runs an acquire-type script followed by WAIT on the same connection
+// (one round trip). A grant that fewer than the required replicas
+// acknowledged is rolled back and reported as ErrTooFewReplicas: a failover
+// could otherwise promote a replica that never saw it.
+func (c *Client) acked(ctx context.Context, s luaScript, k *lockKeys, owner interface{}, args ...interface{}) (scriptReply, error) {
+	node, err := c.nodeFor(ctx, k.hash())
+	if err != nil {
+		return scriptReply{}, err
+	}
+	var cmd *redis.Cmd
+	var acks *redis.IntCmd
+	run := func(eval bool) {
+		pipe := node.Pipeline()
+		if eval {
+			cmd = s.Eval(ctx, pipe, k.keys[:], args...)
+		} else {
+			cmd = s.EvalSha(ctx, pipe, k.keys[:], args...)
+		}
+		acks = redis.NewIntCmd(ctx, "wait", c.ackReplicas, c.ackTimeout.Milliseconds())
+		_ = pipe.Process(ctx, acks)
+		_, _ = pipe.Exec(ctx)
+	}
+	run(false)
+	if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+		run(true)
+	}
+	v, err := cmd.Result()
+	if err != nil {
+		return scriptReply{}, scriptError(err)
+	}
+	code, val, err := pair(v)
+	if err != nil || code != replyGranted {
+		return scriptReply{code, val}, err
+	}
+	if n, err := acks.Result(); err != nil || n < int64(c.ackReplicas) {
+		_, _ = c.release(context.WithoutCancel(ctx), k, owner, 0, "0", 0)
+		if err != nil {
+			return scriptReply{}, err
+		}
+		return scriptReply{}, fmt.Errorf("%w: %d of %d within %v", ErrTooFewReplicas, n, c.ackReplicas, c.ackTimeout)
+	}
+	return scriptReply{code, val}, nil
+}
+
+// nodeFor returns the client to pipeline WAIT with a write to key: on a
+// cluster, the master serving key's slot, so both share a connection.
+func (c *Client) nodeFor(ctx context.Context, key string) (redis.Cmdable, error) {
+	if cc, ok := c.rdb.(*redis.ClusterClient); ok {
+		return cc.MasterForKey(ctx, key)
+	}
+	return c.rdb, nil
 }
 
 // release sets the owner's count to want (0 ends the hold). relID marks a

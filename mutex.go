@@ -59,7 +59,10 @@ type Client struct {
 	log     *slog.Logger
 	onError func(error)
 	hook    func(Event)
-	publish interface{} // the publish command scripts use: "publish"
+	// WithReplicaAck: acquisitions and renewals wait for this many replicas.
+	ackReplicas int
+	ackTimeout  time.Duration
+	publish     interface{} // the publish command scripts use: "publish"
 
 	closing chan struct{} // closed by Close
 
@@ -101,6 +104,26 @@ func WithLogger(l *slog.Logger) Option {
 // leases) and must not block. Default: none (errors are only logged).
 func WithErrorHandler(f func(error)) Option {
 	return func(c *Client) { c.onError = f }
+}
+
+// WithReplicaAck makes every acquisition and renewal wait until at least n
+// replicas acknowledged its write (Redis WAIT, pipelined with the write: no
+// extra round trip), for at most timeout. An acquisition that fewer replicas
+// acknowledged is rolled back and fails with ErrTooFewReplicas (Lock retries
+// it); a renewal that fewer acknowledged counts as failed, so a hold that
+// cannot keep n replicas up to date is lost when its validity ends. With it, a
+// lock survives the promotion of an acknowledging replica after the primary
+// fails; without it, a failover can lose a just-acquired lock and let a second
+// holder in. timeout must be shorter than the redis client's ReadTimeout.
+// Default: no acknowledgement (n = 0). n < 1 or timeout <= 0 panics in
+// NewClient.
+func WithReplicaAck(n int, timeout time.Duration) Option {
+	return func(c *Client) {
+		if n < 1 || timeout <= 0 {
+			panic(fmt.Sprintf("remutex: WithReplicaAck(%d, %v): need n >= 1 and timeout > 0", n, timeout))
+		}
+		c.ackReplicas, c.ackTimeout = n, timeout
+	}
 }
 
 // NewClient returns a Client that keeps its locks in rdb, which may be a

@@ -3,6 +3,7 @@ package remutex
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -193,6 +194,7 @@ func (w *watchdog) renew(ctx context.Context, holds []*hold, out chan<- *renewal
 		keys  []string
 		args  []interface{}
 		cmd   *redis.Cmd
+		acks  *redis.IntCmd // WithReplicaAck: the WAIT after this call's pipeline
 	}
 	var calls []*call
 	for _, g := range groups {
@@ -207,16 +209,41 @@ func (w *watchdog) renew(ctx context.Context, holds []*hold, out chan<- *renewal
 			g = g[n:]
 		}
 	}
-	run := func(eval bool) {
-		pipe := c.rdb.Pipeline()
-		for _, cl := range calls {
-			if eval {
-				cl.cmd = renewScript.Eval(ctx, pipe, cl.keys, cl.args...)
-			} else {
-				cl.cmd = renewScript.EvalSha(ctx, pipe, cl.keys, cl.args...)
+	// One pipeline per node: with WithReplicaAck its WAIT must share the
+	// connection of the writes it waits for. Without it, and on a single
+	// node, everything goes in one pipeline.
+	byNode := map[redis.Cmdable][]*call{}
+	for _, cl := range calls {
+		node := redis.Cmdable(c.rdb)
+		if c.ackReplicas > 0 {
+			var err error
+			if node, err = c.nodeFor(ctx, cl.keys[0]); err != nil {
+				cl.cmd = redis.NewCmd(ctx)
+				cl.cmd.SetErr(err)
+				continue
 			}
 		}
-		_, _ = pipe.Exec(ctx)
+		byNode[node] = append(byNode[node], cl)
+	}
+	run := func(eval bool) {
+		for node, cls := range byNode {
+			pipe := node.Pipeline()
+			for _, cl := range cls {
+				if eval {
+					cl.cmd = renewScript.Eval(ctx, pipe, cl.keys, cl.args...)
+				} else {
+					cl.cmd = renewScript.EvalSha(ctx, pipe, cl.keys, cl.args...)
+				}
+			}
+			if c.ackReplicas > 0 {
+				acks := redis.NewIntCmd(ctx, "wait", c.ackReplicas, c.ackTimeout.Milliseconds())
+				_ = pipe.Process(ctx, acks)
+				for _, cl := range cls {
+					cl.acks = acks
+				}
+			}
+			_, _ = pipe.Exec(ctx)
+		}
 	}
 	run(false)
 	for _, cl := range calls {
@@ -227,6 +254,11 @@ func (w *watchdog) renew(ctx context.Context, holds []*hold, out chan<- *renewal
 	}
 	for _, cl := range calls {
 		vals, err := cl.cmd.Slice()
+		if err == nil && cl.acks != nil {
+			if n, aerr := cl.acks.Result(); aerr != nil || n < int64(c.ackReplicas) {
+				err = fmt.Errorf("%w: %d of %d within %v", ErrTooFewReplicas, n, c.ackReplicas, c.ackTimeout)
+			}
+		}
 		for j, it := range cl.items {
 			r.res[it.idx] = -1
 			if err == nil && j < len(vals) {
