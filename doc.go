@@ -43,10 +43,10 @@
 //   - Lock may return a lock that is later lost (see Lost); Lock panics on
 //     permanent errors such as a key of another type under the lock's name.
 //   - sync.NewCond(m) works, but Cond.Wait at a hold count above 1 releases
-//     only one level: the lock stays held by the waiting goroutine, so other
-//     goroutines that take the lock to change the condition block until the
-//     Wait returns. Signal the Cond without the lock in that case, or keep the
-//     count at 1 around Wait.
+//     only one level: the lock stays held by the waiting goroutine, so a
+//     goroutine that takes the lock to change the condition and Signal blocks
+//     in Lock while the waiter waits for the Signal: both wait forever. Keep
+//     the count at 1 around Wait, or Signal without taking the lock.
 //
 // # Waiting
 //

@@ -89,6 +89,15 @@ func (c *Client) eval(ctx context.Context, s luaScript, k *lockKeys, args ...int
 	return v, nil
 }
 
+// pub returns the publish command for scripts, deciding it on first use on
+// a cluster (sharded pub/sub on Redis 7).
+func (c *Client) pub(ctx context.Context) interface{} {
+	if c.cluster {
+		c.sharded(ctx)
+	}
+	return c.publish
+}
+
 // pair decodes the {code, value} reply of acquire and enqueue.
 func pair(v interface{}) (code, val int64, err error) {
 	a, ok := v.([]interface{})
@@ -118,9 +127,9 @@ type scriptReply struct {
 
 func (c *Client) acquire(ctx context.Context, k *lockKeys, owner interface{}, have, want int, lease interface{}, fencing interface{}) (scriptReply, error) {
 	if have == 0 && c.ackReplicas > 0 {
-		return c.acked(ctx, acquireScript, k, owner, owner, have, want, lease, fencing, c.publish, k.channelArg)
+		return c.acked(ctx, acquireScript, k, owner, owner, have, want, lease, fencing, c.pub(ctx), k.channelArg)
 	}
-	v, err := c.eval(ctx, acquireScript, k, owner, have, want, lease, fencing, c.publish, k.channelArg)
+	v, err := c.eval(ctx, acquireScript, k, owner, have, want, lease, fencing, c.pub(ctx), k.channelArg)
 	if err != nil {
 		return scriptReply{}, err
 	}
@@ -130,9 +139,9 @@ func (c *Client) acquire(ctx context.Context, k *lockKeys, owner interface{}, ha
 
 func (c *Client) enqueue(ctx context.Context, k *lockKeys, owner, entry string, ttl time.Duration, lease, fencing interface{}) (scriptReply, error) {
 	if c.ackReplicas > 0 {
-		return c.acked(ctx, enqueueScript, k, owner, owner, entry, ttl.Milliseconds(), lease, fencing, c.publish, k.channelArg)
+		return c.acked(ctx, enqueueScript, k, owner, owner, entry, ttl.Milliseconds(), lease, fencing, c.pub(ctx), k.channelArg)
 	}
-	v, err := c.eval(ctx, enqueueScript, k, owner, entry, ttl.Milliseconds(), lease, fencing, c.publish, k.channelArg)
+	v, err := c.eval(ctx, enqueueScript, k, owner, entry, ttl.Milliseconds(), lease, fencing, c.pub(ctx), k.channelArg)
 	if err != nil {
 		return scriptReply{}, err
 	}
@@ -196,7 +205,7 @@ func (c *Client) nodeFor(ctx context.Context, key string) (redis.Cmdable, error)
 // release sets the owner's count to want (0 ends the hold). relID marks a
 // final release so that a resent one still reports success.
 func (c *Client) release(ctx context.Context, k *lockKeys, owner interface{}, want int, lease, relID interface{}) (int64, error) {
-	v, err := c.eval(ctx, releaseScript, k, owner, want, lease, relID, markerTTL, c.publish, k.channelArg)
+	v, err := c.eval(ctx, releaseScript, k, owner, want, lease, relID, markerTTL, c.pub(ctx), k.channelArg)
 	if err != nil {
 		return 0, err
 	}
@@ -205,6 +214,6 @@ func (c *Client) release(ctx context.Context, k *lockKeys, owner interface{}, wa
 
 // leave removes a queued waiter's entry, releasing a grant it did not take.
 func (c *Client) leave(ctx context.Context, k *lockKeys, owner, entry string) error {
-	_, err := c.eval(ctx, leaveScript, k, owner, entry, c.publish, k.channelArg)
+	_, err := c.eval(ctx, leaveScript, k, owner, entry, c.pub(ctx), k.channelArg)
 	return err
 }

@@ -62,7 +62,10 @@ type Client struct {
 	// WithReplicaAck: acquisitions and renewals wait for this many replicas.
 	ackReplicas int
 	ackTimeout  time.Duration
-	publish     interface{} // the publish command scripts use: "publish"
+	publish     interface{} // the publish command scripts use: "publish" or "spublish"
+	cluster     bool        // rdb is a *redis.ClusterClient
+	shardOnce   sync.Once   // decides shardPub with the first lock operation
+	shardPub    bool        // release messages use sharded pub/sub
 
 	closing chan struct{} // closed by Close
 
@@ -155,6 +158,7 @@ func NewClient(rdb redis.UniversalClient, opts ...Option) *Client {
 	if c.log == nil {
 		c.log = slog.New(warnHandler{slog.Default().Handler()})
 	}
+	_, c.cluster = rdb.(*redis.ClusterClient)
 	c.wd.c = c
 	c.sub.c = c
 	return c
@@ -325,7 +329,8 @@ func (m *DistMutex) Name() string { return m.name }
 // holds m, Lock raises its hold count (one round trip) instead. Transient Redis
 // errors are retried with capped exponential backoff and reported to the error
 // handler; Lock returns only once the lock is held. Permanent errors (a key of
-// another type, NOPERM, a script error, a closed Client) panic with the error,
+// another type, NOPERM, OOM when Redis reached maxmemory, a script error, a
+// closed Client) panic with the error,
 // whose message starts "remutex: " (a recovered value works with errors.Is and
 // errors.As). A nested Lock on a hold that was lost raises the count
 // all the same and reports ErrLockLost to the error handler: Lost stays
@@ -349,8 +354,9 @@ func (m *DistMutex) LockContext(ctx context.Context) error {
 // TryLock tries to lock m once and reports whether it did, like
 // sync.Mutex.TryLock. It never waits, never joins the queue and leaves nothing
 // behind when it fails. It returns false while waiters are queued for the
-// lock, and on a transient error (reported to the error handler); it panics
-// on permanent errors as Lock does.
+// lock, on a transient error, and for a nested TryLock on a hold that was lost
+// (both reported to the error handler); it panics on permanent errors as Lock
+// does.
 func (m *DistMutex) TryLock() bool {
 	ok, err := m.lock(context.Background(), true, true)
 	if err != nil {
@@ -808,7 +814,7 @@ func (a *attempt) wait(ctx context.Context, r scriptReply, plain bool) (bool, er
 	st := c.stateLocked(m)
 	st.waiters = append(st.waiters, w)
 	c.mu.Unlock()
-	ready := c.sub.acquire(m.k.channel)
+	c.sub.acquire(m.k.channel)
 	defer c.sub.release(m.k.channel)
 
 	var (
@@ -822,6 +828,14 @@ func (a *attempt) wait(ctx context.Context, r scriptReply, plain bool) (bool, er
 	)
 	defer timer.Stop()
 	for {
+		// Until the subscription is confirmed a release message could be
+		// missed: look again at a polling pace, and as soon as it is.
+		ready := c.sub.ready(m.k.channel)
+		select {
+		case <-ready:
+			ready = nil
+		default:
+		}
 		queue := w.entry != "" || queueNow || time.Since(start) >= starveAfter
 		var d time.Duration
 		switch {
@@ -844,7 +858,6 @@ func (a *attempt) wait(ctx context.Context, r scriptReply, plain bool) (bool, er
 			select {
 			case <-timer.C:
 			case <-ready:
-				ready = nil
 			case <-w.ev:
 				c.mu.Lock()
 				granted, fence := w.granted, w.fence
@@ -853,7 +866,12 @@ func (a *attempt) wait(ctx context.Context, r scriptReply, plain bool) (bool, er
 					w.entry = "" // the grant consumed it
 				}
 				c.mu.Unlock()
-				if granted {
+				if granted && c.ackReplicas > 0 {
+					// Confirm the grant with an acknowledged call before
+					// holding it: the release that granted it waited for no
+					// replica.
+					queueNow = true
+				} else if granted {
 					valid := refreshed.Add(m.claimLease() - m.drift())
 					if held, err := a.finish(ctx, w, fence, valid, true); held || err != nil {
 						return held, err
