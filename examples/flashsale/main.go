@@ -1,0 +1,251 @@
+// Command flashsale sells a small stock to many concurrent buyers, once
+// without a lock and once with a remutex.DistMutex, and compares the results.
+//
+// The stock is a plain Redis string that buyers read, think about for a moment
+// (-gap) and write back decremented: the read-modify-write that oversells as
+// soon as two buyers interleave. Each of the -clients remutex Clients has its
+// own connection pool and stands for one process; -goroutines buyers run in
+// each. Without the lock more items are sold than exist; with it exactly the
+// stock is sold and it never goes below zero.
+//
+// It runs on an embedded miniredis unless REDIS_ADDR names a Redis server:
+//
+//	go run ./examples/flashsale
+//	REDIS_ADDR=127.0.0.1:6379 go run ./examples/flashsale -stock 500 -buyers 2000
+//
+// It exits with status 1 if the locked run sold anything but the exact stock.
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/remutex/remutex"
+)
+
+// config is one sale.
+type config struct {
+	stock      int           // items for sale
+	buyers     int           // buyers, each wanting one item
+	clients    int           // remutex Clients, each with its own pool: processes
+	goroutines int           // concurrent buyers per Client
+	gap        time.Duration // between reading the stock and writing it back
+}
+
+// result is the outcome of one run.
+type result struct {
+	sold    int           // buyers told they got an item
+	refused int           // buyers told it was sold out
+	left    int           // the stock in Redis afterwards
+	elapsed time.Duration // wall time of the run
+}
+
+// exact reports whether the run sold precisely the stock and left none.
+func (r result) exact(cfg config) bool {
+	return r.sold == cfg.stock && r.left == 0 && r.refused == cfg.buyers-cfg.stock
+}
+
+func main() {
+	var cfg config
+	flag.IntVar(&cfg.stock, "stock", 100, "items for sale")
+	flag.IntVar(&cfg.buyers, "buyers", 0, "buyers, each wanting one item (0: twice the stock)")
+	flag.IntVar(&cfg.clients, "clients", 4, "remutex Clients, each with its own connection pool (processes)")
+	flag.IntVar(&cfg.goroutines, "goroutines", 8, "concurrent buyers per Client")
+	flag.DurationVar(&cfg.gap, "gap", time.Millisecond, "pause between reading the stock and writing it back")
+	flag.Parse()
+	if cfg.buyers == 0 {
+		cfg.buyers = 2 * cfg.stock
+	}
+	if cfg.stock < 1 || cfg.buyers <= cfg.stock || cfg.clients < 1 || cfg.goroutines < 1 || cfg.gap < 0 {
+		fmt.Fprintln(os.Stderr, "flashsale: need -stock ≥ 1, -buyers > -stock, -clients ≥ 1, -goroutines ≥ 1, -gap ≥ 0")
+		os.Exit(2)
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	ok, err := run(ctx, os.Stdout, cfg, os.Getenv("REDIS_ADDR"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "flashsale:", err)
+		os.Exit(1)
+	}
+	if !ok {
+		os.Exit(1)
+	}
+}
+
+// run holds the sale twice, without and with the lock, on the Redis at addr
+// (an embedded miniredis if addr is empty), prints the report to out, and
+// reports whether the locked run was exact.
+func run(ctx context.Context, out io.Writer, cfg config, addr string) (bool, error) {
+	where := addr
+	if addr == "" {
+		mr, err := miniredis.Run()
+		if err != nil {
+			return false, err
+		}
+		defer mr.Close()
+		addr, where = mr.Addr(), "embedded miniredis (set REDIS_ADDR to use a Redis server)"
+	}
+	fmt.Fprintf(out, "flash sale: %d items, %d buyers on %d clients × %d goroutines, %v between read and write\n",
+		cfg.stock, cfg.buyers, cfg.clients, cfg.goroutines, cfg.gap)
+	fmt.Fprintf(out, "redis:      %s\n", where)
+
+	unlocked, err := sale(ctx, addr, cfg, false)
+	if err != nil {
+		return false, fmt.Errorf("run without lock: %w", err)
+	}
+	fmt.Fprintf(out, "no lock:    %s\n", describe(cfg, unlocked))
+
+	locked, err := sale(ctx, addr, cfg, true)
+	if err != nil {
+		return false, fmt.Errorf("run with DistMutex: %w", err)
+	}
+	fmt.Fprintf(out, "DistMutex:  %s\n", describe(cfg, locked))
+
+	ok := locked.exact(cfg)
+	switch {
+	case !ok:
+		fmt.Fprintf(out, "verdict:    FAIL: with the lock the sale should sell exactly %d items and leave 0\n", cfg.stock)
+	case unlocked.exact(cfg):
+		fmt.Fprintln(out, "verdict:    ok: the locked sale is exact (the unlocked one got lucky this time; try a larger -gap)")
+	default:
+		fmt.Fprintf(out, "verdict:    ok: the lock sold exactly %d; without it the stock was oversold\n", cfg.stock)
+	}
+	return ok, nil
+}
+
+// describe renders one result on a line.
+func describe(cfg config, r result) string {
+	s := fmt.Sprintf("sold %d, refused %d, stock left %d (%v)", r.sold, r.refused, r.left, r.elapsed.Round(time.Millisecond))
+	if over := r.sold - cfg.stock; over > 0 {
+		s += fmt.Sprintf(" — oversold by %d", over)
+	}
+	if lost := r.sold + r.left - cfg.stock; lost > 0 {
+		s += fmt.Sprintf(", %d sales lost from the stock count", lost)
+	}
+	if r.left < 0 {
+		s += ", stock negative"
+	}
+	return s
+}
+
+// sale runs one sale on fresh keys and removes its stock key afterwards.
+func sale(ctx context.Context, addr string, cfg config, locked bool) (result, error) {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+
+	var id [8]byte
+	_, _ = rand.Read(id[:])
+	run := "flashsale:" + hex.EncodeToString(id[:])
+	stockKey := run + ":stock"
+
+	admin := redis.NewClient(&redis.Options{Addr: addr})
+	defer admin.Close()
+	if err := admin.Set(ctx, stockKey, cfg.stock, time.Hour).Err(); err != nil {
+		return result{}, err
+	}
+	defer admin.Del(context.WithoutCancel(ctx), stockKey)
+
+	// One pool and one remutex Client per simulated process. The Clients are
+	// closed before their pools (deferred calls run last-in first-out). In the
+	// unlocked run the mutexes stay nil.
+	rdbs := make([]*redis.Client, cfg.clients)
+	mutexes := make([]*remutex.DistMutex, cfg.clients)
+	for i := range rdbs {
+		rdbs[i] = redis.NewClient(&redis.Options{Addr: addr})
+		defer rdbs[i].Close()
+		if locked {
+			c := remutex.NewClient(rdbs[i])
+			defer c.Close()
+			mutexes[i] = c.NewMutex(run)
+		}
+	}
+
+	var (
+		next          atomic.Int64 // buyers that came
+		sold, refused atomic.Int64
+		wg            sync.WaitGroup
+		errOnce       sync.Once
+		firstErr      error
+	)
+	fail := func(err error) {
+		errOnce.Do(func() { firstErr = err; cancel() })
+	}
+	start := time.Now()
+	for i := range cfg.clients {
+		for range cfg.goroutines {
+			wg.Add(1)
+			go func(rdb *redis.Client, m *remutex.DistMutex) {
+				defer wg.Done()
+				for next.Add(1) <= int64(cfg.buyers) {
+					got, err := buy(ctx, rdb, m, stockKey, cfg.gap)
+					if err != nil {
+						fail(err)
+						return
+					}
+					if got {
+						sold.Add(1)
+					} else {
+						refused.Add(1)
+					}
+				}
+			}(rdbs[i], mutexes[i])
+		}
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	if firstErr != nil {
+		return result{}, firstErr
+	}
+	left, err := admin.Get(ctx, stockKey).Int()
+	if err != nil {
+		return result{}, err
+	}
+	return result{sold: int(sold.Load()), refused: int(refused.Load()), left: left, elapsed: elapsed}, nil
+}
+
+// buy is one buyer: read the stock, and if any is left, take one and write the
+// stock back. With m non-nil, it does so holding m.
+func buy(ctx context.Context, rdb *redis.Client, m *remutex.DistMutex, key string, gap time.Duration) (got bool, err error) {
+	if m != nil {
+		if err := m.LockContext(ctx); err != nil {
+			return false, err
+		}
+		defer func() {
+			// ErrLockLost here would mean the stock may have been written by
+			// two holders: the result is not to be trusted.
+			if uerr := m.UnlockContext(context.WithoutCancel(ctx)); uerr != nil && err == nil {
+				err = uerr
+			}
+		}()
+	}
+	s, err := rdb.Get(ctx, key).Result()
+	if err != nil {
+		return false, err
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		return false, err
+	}
+	if n <= 0 {
+		return false, nil
+	}
+	time.Sleep(gap) // payment, an inventory check, a slow network: the race window
+	if err := rdb.Set(ctx, key, n-1, time.Hour).Err(); err != nil {
+		return false, err
+	}
+	return true, nil
+}
