@@ -84,7 +84,7 @@ var transientPrefixes = []string{
 // timeouts, and the Redis replies above. Everything else (WRONGTYPE, NOPERM,
 // OOM, script errors, ErrClosed, a context's end) is permanent.
 func transient(err error) bool {
-	if errors.Is(err, ErrTooFewReplicas) {
+	if errors.Is(err, ErrTooFewReplicas) || errors.Is(err, ErrNoQuorum) {
 		return true
 	}
 	if err == nil || errors.Is(err, ErrClosed) ||

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -29,6 +30,8 @@ var (
 	luaLeave string
 	//go:embed scripts/renew.lua
 	luaRenew string
+	//go:embed scripts/raise.lua
+	luaRaise string
 )
 
 var (
@@ -37,7 +40,28 @@ var (
 	releaseScript = newLuaScript(luaCommon + luaRelease)
 	leaveScript   = newLuaScript(luaCommon + luaLeave)
 	renewScript   = newLuaScript(luaRenew)
+	raiseScript   = newLuaScript(luaRaise)
 )
+
+// node is one Redis deployment a Client keeps locks on: its only one, or one
+// of the independent servers of a quorum Client. It owns the thin wrappers
+// that call the scripts, and the node's pub/sub connections.
+type node struct {
+	c         *Client
+	rdb       redis.UniversalClient
+	cluster   bool        // rdb is a *redis.ClusterClient
+	shardOnce sync.Once   // decides shardPub with the first lock operation
+	shardPub  bool        // release messages use sharded pub/sub
+	publish   interface{} // the publish command scripts use: "publish" or "spublish"
+	sub       subscriber
+}
+
+func newNode(c *Client, rdb redis.UniversalClient) *node {
+	n := &node{c: c, rdb: rdb, publish: "publish"}
+	_, n.cluster = rdb.(*redis.ClusterClient)
+	n.sub.c, n.sub.n = c, n
+	return n
+}
 
 // luaScript is a go-redis Script with its SHA boxed once, so that calls do
 // not allocate to pass it.
@@ -72,16 +96,16 @@ const keyCount = "5"
 
 // eval runs s on the lock's five keys with EVALSHA, and with EVAL when the
 // server does not have the script (first use, SCRIPT FLUSH, a restart).
-func (c *Client) eval(ctx context.Context, s luaScript, k *lockKeys, args ...interface{}) (interface{}, error) {
+func (n *node) eval(ctx context.Context, s luaScript, k *lockKeys, args ...interface{}) (interface{}, error) {
 	cmdArgs := make([]interface{}, 0, 3+len(k.args)+len(args))
 	cmdArgs = append(cmdArgs, "evalsha", s.sha, keyCount)
 	cmdArgs = append(cmdArgs, k.args...)
 	cmdArgs = append(cmdArgs, args...)
 	cmd := redis.NewCmd(ctx, cmdArgs...)
-	_ = c.rdb.Process(ctx, cmd)
+	_ = n.rdb.Process(ctx, cmd)
 	v, err := cmd.Result()
 	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-		v, err = s.Eval(ctx, c.rdb, k.keys[:], args...).Result()
+		v, err = s.Eval(ctx, n.rdb, k.keys[:], args...).Result()
 	}
 	if err != nil {
 		return nil, scriptError(err)
@@ -91,11 +115,11 @@ func (c *Client) eval(ctx context.Context, s luaScript, k *lockKeys, args ...int
 
 // pub returns the publish command for scripts, deciding it on first use on
 // a cluster (sharded pub/sub on Redis 7).
-func (c *Client) pub(ctx context.Context) interface{} {
-	if c.cluster {
-		c.sharded(ctx)
+func (n *node) pub(ctx context.Context) interface{} {
+	if n.cluster {
+		n.sharded(ctx)
 	}
-	return c.publish
+	return n.publish
 }
 
 // pair decodes the {code, value} reply of acquire and enqueue.
@@ -125,11 +149,11 @@ type scriptReply struct {
 	val  int64 // fence when granted; holder's PTTL in ms when busy or queued
 }
 
-func (c *Client) acquire(ctx context.Context, k *lockKeys, owner interface{}, have, want int, lease interface{}, fencing interface{}) (scriptReply, error) {
-	if have == 0 && c.ackReplicas > 0 {
-		return c.acked(ctx, acquireScript, k, owner, owner, have, want, lease, fencing, c.pub(ctx), k.channelArg)
+func (n *node) acquire(ctx context.Context, k *lockKeys, owner interface{}, have, want int, lease interface{}, fencing interface{}) (scriptReply, error) {
+	if have == 0 && n.c.ackReplicas > 0 {
+		return n.acked(ctx, acquireScript, k, owner, owner, have, want, lease, fencing, n.pub(ctx), k.channelArg)
 	}
-	v, err := c.eval(ctx, acquireScript, k, owner, have, want, lease, fencing, c.pub(ctx), k.channelArg)
+	v, err := n.eval(ctx, acquireScript, k, owner, have, want, lease, fencing, n.pub(ctx), k.channelArg)
 	if err != nil {
 		return scriptReply{}, err
 	}
@@ -137,11 +161,11 @@ func (c *Client) acquire(ctx context.Context, k *lockKeys, owner interface{}, ha
 	return scriptReply{code, val}, err
 }
 
-func (c *Client) enqueue(ctx context.Context, k *lockKeys, owner, entry string, ttl time.Duration, lease, fencing interface{}) (scriptReply, error) {
-	if c.ackReplicas > 0 {
-		return c.acked(ctx, enqueueScript, k, owner, owner, entry, ttl.Milliseconds(), lease, fencing, c.pub(ctx), k.channelArg)
+func (n *node) enqueue(ctx context.Context, k *lockKeys, owner, entry string, ttl time.Duration, lease, fencing interface{}) (scriptReply, error) {
+	if n.c.ackReplicas > 0 {
+		return n.acked(ctx, enqueueScript, k, owner, owner, entry, ttl.Milliseconds(), lease, fencing, n.pub(ctx), k.channelArg)
 	}
-	v, err := c.eval(ctx, enqueueScript, k, owner, entry, ttl.Milliseconds(), lease, fencing, c.pub(ctx), k.channelArg)
+	v, err := n.eval(ctx, enqueueScript, k, owner, entry, ttl.Milliseconds(), lease, fencing, n.pub(ctx), k.channelArg)
 	if err != nil {
 		return scriptReply{}, err
 	}
@@ -153,21 +177,21 @@ func (c *Client) enqueue(ctx context.Context, k *lockKeys, owner, entry string, 
 // (one round trip). A grant that fewer than the required replicas
 // acknowledged is rolled back and reported as ErrTooFewReplicas: a failover
 // could otherwise promote a replica that never saw it.
-func (c *Client) acked(ctx context.Context, s luaScript, k *lockKeys, owner interface{}, args ...interface{}) (scriptReply, error) {
-	node, err := c.nodeFor(ctx, k.hash())
+func (n *node) acked(ctx context.Context, s luaScript, k *lockKeys, owner interface{}, args ...interface{}) (scriptReply, error) {
+	target, err := n.nodeFor(ctx, k.hash())
 	if err != nil {
 		return scriptReply{}, err
 	}
 	var cmd *redis.Cmd
 	var acks *redis.IntCmd
 	run := func(eval bool) {
-		pipe := node.Pipeline()
+		pipe := target.Pipeline()
 		if eval {
 			cmd = s.Eval(ctx, pipe, k.keys[:], args...)
 		} else {
 			cmd = s.EvalSha(ctx, pipe, k.keys[:], args...)
 		}
-		acks = redis.NewIntCmd(ctx, "wait", c.ackReplicas, c.ackTimeout.Milliseconds())
+		acks = redis.NewIntCmd(ctx, "wait", n.c.ackReplicas, n.c.ackTimeout.Milliseconds())
 		_ = pipe.Process(ctx, acks)
 		_, _ = pipe.Exec(ctx)
 	}
@@ -183,29 +207,29 @@ func (c *Client) acked(ctx context.Context, s luaScript, k *lockKeys, owner inte
 	if err != nil || code != replyGranted {
 		return scriptReply{code, val}, err
 	}
-	if n, err := acks.Result(); err != nil || n < int64(c.ackReplicas) {
-		_, _ = c.release(context.WithoutCancel(ctx), k, owner, 0, "0", 0)
+	if got, err := acks.Result(); err != nil || got < int64(n.c.ackReplicas) {
+		_, _ = n.release(context.WithoutCancel(ctx), k, owner, 0, "0", 0)
 		if err != nil {
 			return scriptReply{}, err
 		}
-		return scriptReply{}, fmt.Errorf("%w: %d of %d within %v", ErrTooFewReplicas, n, c.ackReplicas, c.ackTimeout)
+		return scriptReply{}, fmt.Errorf("%w: %d of %d within %v", ErrTooFewReplicas, got, n.c.ackReplicas, n.c.ackTimeout)
 	}
 	return scriptReply{code, val}, nil
 }
 
 // nodeFor returns the client to pipeline WAIT with a write to key: on a
 // cluster, the master serving key's slot, so both share a connection.
-func (c *Client) nodeFor(ctx context.Context, key string) (redis.Cmdable, error) {
-	if cc, ok := c.rdb.(*redis.ClusterClient); ok {
+func (n *node) nodeFor(ctx context.Context, key string) (redis.Cmdable, error) {
+	if cc, ok := n.rdb.(*redis.ClusterClient); ok {
 		return cc.MasterForKey(ctx, key)
 	}
-	return c.rdb, nil
+	return n.rdb, nil
 }
 
 // release sets the owner's count to want (0 ends the hold). relID marks a
 // final release so that a resent one still reports success.
-func (c *Client) release(ctx context.Context, k *lockKeys, owner interface{}, want int, lease, relID interface{}) (int64, error) {
-	v, err := c.eval(ctx, releaseScript, k, owner, want, lease, relID, markerTTL, c.pub(ctx), k.channelArg)
+func (n *node) release(ctx context.Context, k *lockKeys, owner interface{}, want int, lease, relID interface{}) (int64, error) {
+	v, err := n.eval(ctx, releaseScript, k, owner, want, lease, relID, markerTTL, n.pub(ctx), k.channelArg)
 	if err != nil {
 		return 0, err
 	}
@@ -213,7 +237,7 @@ func (c *Client) release(ctx context.Context, k *lockKeys, owner interface{}, wa
 }
 
 // leave removes a queued waiter's entry, releasing a grant it did not take.
-func (c *Client) leave(ctx context.Context, k *lockKeys, owner, entry string) error {
-	_, err := c.eval(ctx, leaveScript, k, owner, entry, c.pub(ctx), k.channelArg)
+func (n *node) leave(ctx context.Context, k *lockKeys, owner, entry string) error {
+	_, err := n.eval(ctx, leaveScript, k, owner, entry, n.pub(ctx), k.channelArg)
 	return err
 }

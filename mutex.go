@@ -53,7 +53,6 @@ const (
 // exclude each other exactly as two processes do.
 type Client struct {
 	_       noCopy
-	rdb     redis.UniversalClient
 	id      string // random 128 bits, hex: the owner-token prefix of every hold
 	prefix  string
 	log     *slog.Logger
@@ -62,10 +61,10 @@ type Client struct {
 	// WithReplicaAck: acquisitions and renewals wait for this many replicas.
 	ackReplicas int
 	ackTimeout  time.Duration
-	publish     interface{} // the publish command scripts use: "publish" or "spublish"
-	cluster     bool        // rdb is a *redis.ClusterClient
-	shardOnce   sync.Once   // decides shardPub with the first lock operation
-	shardPub    bool        // release messages use sharded pub/sub
+	nodes       []*node        // the Redis deployments: one, or a quorum's servers
+	one         *node          // nodes[0] when there is only one
+	majority    int            // quorum Clients: how many nodes make a decision
+	bg          sync.WaitGroup // quorum calls still running after a decision
 
 	closing chan struct{} // closed by Close
 
@@ -142,10 +141,8 @@ func NewClient(rdb redis.UniversalClient, opts ...Option) *Client {
 		panic("remutex: NewClient: crypto/rand: " + err.Error())
 	}
 	c := &Client{
-		rdb:     rdb,
 		id:      hex.EncodeToString(id[:]),
 		prefix:  DefaultKeyPrefix,
-		publish: "publish",
 		closing: make(chan struct{}),
 		locks:   make(map[string]*lockState),
 	}
@@ -158,9 +155,9 @@ func NewClient(rdb redis.UniversalClient, opts ...Option) *Client {
 	if c.log == nil {
 		c.log = slog.New(warnHandler{slog.Default().Handler()})
 	}
-	_, c.cluster = rdb.(*redis.ClusterClient)
+	c.nodes = []*node{newNode(c, rdb)}
+	c.one = c.nodes[0]
 	c.wd.c = c
-	c.sub.c = c
 	return c
 }
 
@@ -186,7 +183,10 @@ func (c *Client) Close() error {
 	lost := c.wd.loseAllLocked(ErrClosed)
 	c.mu.Unlock()
 	c.wd.stop()
-	c.sub.close()
+	for _, n := range c.nodes {
+		n.sub.close()
+	}
+	c.bg.Wait()
 	c.announce(lost)
 	return nil
 }
@@ -483,16 +483,20 @@ func (m *DistMutex) lock(ctx context.Context, try, plain bool) (bool, error) {
 		return m.nested(ctx, h, try, plain)
 	}
 	a := attempt{m: m, gid: gid, start: time.Now()}
-	if st := c.locks[m.k.hash()]; m.reentrant && st != nil && st.lastOwner != nil && st.lastOwner.gid == gid {
+	st := c.locks[m.k.hash()]
+	switch {
+	case c.one != nil && m.reentrant && st != nil && st.lastOwner != nil && st.lastOwner.gid == gid:
 		// The goroutine that held this lock last takes it again: reuse its
 		// owner token instead of building and boxing it anew.
 		a.owner, a.ownerArg = st.lastOwner.owner, st.lastOwner.ownerArg
-	} else {
-		if m.reentrant {
-			a.owner = c.id + ":" + strconv.FormatInt(gid, 10)
-		} else {
-			a.owner = c.id + ":n" + strconv.FormatUint(c.nextSeqLocked(), 10)
-		}
+	case c.one == nil:
+		// See attempt.acquire: a quorum draws a token per try.
+	case m.reentrant:
+		a.owner = c.id + ":" + strconv.FormatInt(gid, 10)
+	default:
+		a.owner = c.id + ":n" + strconv.FormatUint(c.nextSeqLocked(), 10)
+	}
+	if a.ownerArg == nil {
 		a.ownerArg = a.owner
 	}
 	c.mu.Unlock()
@@ -585,6 +589,14 @@ type attempt struct {
 
 func (a *attempt) acquire(ctx context.Context) (scriptReply, time.Time, error) {
 	m := a.m
+	if c := m.c; c.one == nil {
+		// A quorum gives back, in the background, what a failed try got
+		// late: a token per try keeps that from touching a later try.
+		c.mu.Lock()
+		a.owner = c.id + ":" + strconv.FormatInt(a.gid, 10) + "." + strconv.FormatUint(c.nextSeqLocked(), 10)
+		c.mu.Unlock()
+		a.ownerArg = a.owner
+	}
 	sent := time.Now()
 	r, err := m.c.acquire(ctx, &m.k, a.ownerArg, 0, 1, m.leaseArg, m.fenceArg)
 	return r, sent, err
@@ -814,8 +826,8 @@ func (a *attempt) wait(ctx context.Context, r scriptReply, plain bool) (bool, er
 	st := c.stateLocked(m)
 	st.waiters = append(st.waiters, w)
 	c.mu.Unlock()
-	c.sub.acquire(m.k.channel)
-	defer c.sub.release(m.k.channel)
+	c.subAcquire(m.k.channel)
+	defer c.subRelease(m.k.channel)
 
 	var (
 		start     = time.Now()
@@ -830,13 +842,13 @@ func (a *attempt) wait(ctx context.Context, r scriptReply, plain bool) (bool, er
 	for {
 		// Until the subscription is confirmed a release message could be
 		// missed: look again at a polling pace, and as soon as it is.
-		ready := c.sub.ready(m.k.channel)
+		ready := c.subReady(m.k.channel)
 		select {
 		case <-ready:
 			ready = nil
 		default:
 		}
-		queue := w.entry != "" || queueNow || time.Since(start) >= starveAfter
+		queue := c.queueing() && (w.entry != "" || queueNow || time.Since(start) >= starveAfter)
 		var d time.Duration
 		switch {
 		case err != nil:
@@ -849,7 +861,7 @@ func (a *attempt) wait(ctx context.Context, r scriptReply, plain bool) (bool, er
 			d = max(time.Duration(r.val)*time.Millisecond, time.Millisecond)
 			d = min(d, starveAfter-time.Since(start))
 		}
-		if d > 0 && (ready != nil || c.sub.polling()) {
+		if d > 0 && (ready != nil || c.subPolling()) {
 			// Not subscribed (yet): a release message could be missed.
 			d = min(d, poll.next())
 		}
@@ -883,13 +895,14 @@ func (a *attempt) wait(ctx context.Context, r scriptReply, plain bool) (bool, er
 			case <-c.closing:
 				return a.giveUp(ctx, w, ErrClosed)
 			}
-			queue = w.entry != "" || queueNow || time.Since(start) >= starveAfter
+			queue = c.queueing() && (w.entry != "" || queueNow || time.Since(start) >= starveAfter)
 		}
 
-		sent := time.Now()
+		var sent time.Time
 		if !queue {
-			r, err = c.acquire(ctx, &m.k, a.ownerArg, 0, 1, m.leaseArg, m.fenceArg)
+			r, sent, err = a.acquire(ctx)
 		} else {
+			sent = time.Now()
 			c.mu.Lock()
 			if w.entry == "" {
 				w.entry = strconv.FormatInt(m.claimLease().Milliseconds(), 10) + ":" +

@@ -26,7 +26,8 @@ import (
 // wakes their waiters. When SUBSCRIBE is denied (ACL NOPERM), waiters fall
 // back to polling with bounded backoff; this is logged once.
 type subscriber struct {
-	c       *Client
+	c       *Client // whose waiters hear the messages
+	n       *node   // whose server the connections go to
 	mu      sync.Mutex
 	closed  bool
 	denied  bool
@@ -118,11 +119,11 @@ func (s *subscriber) subscribeLocked(channel string, e *subEntry) {
 // connLocked returns the connection for channel, creating it and its reader.
 func (s *subscriber) connLocked(channel string) (*psConn, error) {
 	ctx := context.Background()
-	sharded := s.c.sharded(ctx)
+	sharded := s.n.sharded(ctx)
 	addr := ""
 	var node *redis.Client
 	if sharded {
-		cc := s.c.rdb.(*redis.ClusterClient)
+		cc := s.n.rdb.(*redis.ClusterClient)
 		var err error
 		if node, err = cc.MasterForKey(ctx, channel); err != nil {
 			return nil, err
@@ -136,7 +137,7 @@ func (s *subscriber) connLocked(channel string) (*psConn, error) {
 	if sharded {
 		conn.ps = node.SSubscribe(ctx)
 	} else {
-		conn.ps = s.c.rdb.Subscribe(ctx)
+		conn.ps = s.n.rdb.Subscribe(ctx)
 	}
 	s.conns[addr] = conn
 	s.readers.Add(1)
@@ -282,7 +283,7 @@ func (s *subscriber) moved(conn *psConn, channel string) {
 		return // our own unsubscribe, or a subscription already redone
 	}
 	_ = conn.ps.SUnsubscribe(context.Background(), channel) // forget it locally
-	if cc, ok := s.c.rdb.(*redis.ClusterClient); ok {
+	if cc, ok := s.n.rdb.(*redis.ClusterClient); ok {
 		cc.ReloadState(context.Background())
 	}
 	e.conn, e.confirmed, e.ready = nil, false, make(chan struct{})
@@ -359,27 +360,27 @@ func (c *Client) wakeAll() {
 // sharded reports whether release messages use sharded pub/sub: on a
 // ClusterClient whose servers are Redis 7 or later. It is decided once, with
 // the Client's first lock operation.
-func (c *Client) sharded(ctx context.Context) bool {
-	c.shardOnce.Do(func() {
-		cc, ok := c.rdb.(*redis.ClusterClient)
+func (n *node) sharded(ctx context.Context) bool {
+	n.shardOnce.Do(func() {
+		cc, ok := n.rdb.(*redis.ClusterClient)
 		if !ok {
 			return
 		}
 		info, err := cc.Info(ctx, "server").Result()
 		if err != nil {
-			c.log.Warn("remutex: cannot tell the cluster's Redis version; using classic pub/sub", "err", err)
+			n.c.log.Warn("remutex: cannot tell the cluster's Redis version; using classic pub/sub", "err", err)
 			return
 		}
 		for _, line := range strings.Split(info, "\n") {
 			if v, ok := strings.CutPrefix(strings.TrimSpace(line), "redis_version:"); ok {
 				major, _, _ := strings.Cut(v, ".")
-				if n, err := strconv.Atoi(major); err == nil && n >= 7 {
-					c.shardPub = true
-					c.publish = "spublish"
+				if v, err := strconv.Atoi(major); err == nil && v >= 7 {
+					n.shardPub = true
+					n.publish = "spublish"
 				}
 				break
 			}
 		}
 	})
-	return c.shardPub
+	return n.shardPub
 }

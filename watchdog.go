@@ -161,73 +161,85 @@ func earliest(a, b time.Time) time.Time {
 	return a
 }
 
-// renew sends one pipelined round trip renewing holds and passes the outcome
-// back. Keys are grouped by cluster slot; on a single node one group suffices.
+// renew sends one pipelined round trip per server renewing holds, and passes
+// the outcome back.
 func (w *watchdog) renew(ctx context.Context, holds []*hold, out chan<- *renewal) {
 	c := w.c
-	r := &renewal{holds: holds, sent: time.Now(), res: make([]int64, len(holds))}
+	r := &renewal{holds: holds, sent: time.Now()}
 	// A reply later than the earliest deadline is useless: stop waiting then.
 	deadline := holds[0].valid
+	items := make([]renewItem, len(holds))
 	c.mu.Lock()
-	type item struct {
-		idx   int
-		key   string
-		owner interface{}
-		lease interface{}
-	}
-	groups := map[int][]item{}
-	_, cluster := c.rdb.(*redis.ClusterClient)
 	for i, h := range holds {
 		deadline = earliest(deadline, h.valid)
-		slot := 0
-		if cluster {
-			slot = keySlot(h.m.k.hash())
-		}
-		groups[slot] = append(groups[slot], item{idx: i, key: h.m.k.hash(), owner: h.ownerArg, lease: h.m.leaseArg})
+		items[i] = renewItem{key: h.m.k.hash(), owner: h.ownerArg, lease: h.m.leaseArg}
 	}
 	c.mu.Unlock()
 	ctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
+	r.res = c.renew(ctx, items)
+	out <- r
+}
 
+// renewItem is one hold to renew: its lock's hash key, owner token and lease.
+type renewItem struct {
+	key          string
+	owner, lease interface{}
+}
+
+// renew renews items on this node: one script call per cluster slot (one in
+// all on a single server, at most maxBatch keys each), in one pipeline per
+// server. Results per item: 1 renewed, 0 not ours, -1 failed.
+func (n *node) renew(ctx context.Context, items []renewItem) []int64 {
+	c := n.c
+	res := make([]int64, len(items))
+	groups := map[int][]int{}
+	for i, it := range items {
+		slot := 0
+		if n.cluster {
+			slot = keySlot(it.key)
+		}
+		groups[slot] = append(groups[slot], i)
+	}
 	type call struct {
-		items []item
-		keys  []string
-		args  []interface{}
-		cmd   *redis.Cmd
-		acks  *redis.IntCmd // WithReplicaAck: the WAIT after this call's pipeline
+		idx  []int
+		keys []string
+		args []interface{}
+		cmd  *redis.Cmd
+		acks *redis.IntCmd // WithReplicaAck: the WAIT after this call's pipeline
 	}
 	var calls []*call
 	for _, g := range groups {
 		for len(g) > 0 {
-			n := min(len(g), maxBatch)
-			cl := &call{items: g[:n], keys: make([]string, n), args: make([]interface{}, 0, 2*n)}
-			for j, it := range g[:n] {
-				cl.keys[j] = it.key
-				cl.args = append(cl.args, it.owner, it.lease)
+			k := min(len(g), maxBatch)
+			cl := &call{idx: g[:k], keys: make([]string, k), args: make([]interface{}, 0, 2*k)}
+			for j, i := range g[:k] {
+				cl.keys[j] = items[i].key
+				cl.args = append(cl.args, items[i].owner, items[i].lease)
 			}
 			calls = append(calls, cl)
-			g = g[n:]
+			g = g[k:]
 		}
 	}
-	// One pipeline per node: with WithReplicaAck its WAIT must share the
-	// connection of the writes it waits for. Without it, and on a single
-	// node, everything goes in one pipeline.
-	byNode := map[redis.Cmdable][]*call{}
+	// One pipeline per server: with WithReplicaAck its WAIT must share the
+	// connection of the writes it waits for. Without it, everything goes in
+	// one pipeline (go-redis splits a cluster pipeline by node).
+	byTarget := map[redis.Cmdable][]*call{}
 	for _, cl := range calls {
-		node := redis.Cmdable(c.rdb)
+		target := redis.Cmdable(n.rdb)
 		if c.ackReplicas > 0 {
 			var err error
-			if node, err = c.nodeFor(ctx, cl.keys[0]); err != nil {
+			if target, err = n.nodeFor(ctx, cl.keys[0]); err != nil {
 				cl.cmd = redis.NewCmd(ctx)
 				cl.cmd.SetErr(err)
 				continue
 			}
 		}
-		byNode[node] = append(byNode[node], cl)
+		byTarget[target] = append(byTarget[target], cl)
 	}
 	run := func(eval bool) {
-		for node, cls := range byNode {
-			pipe := node.Pipeline()
+		for target, cls := range byTarget {
+			pipe := target.Pipeline()
 			for _, cl := range cls {
 				if eval {
 					cl.cmd = renewScript.Eval(ctx, pipe, cl.keys, cl.args...)
@@ -255,23 +267,23 @@ func (w *watchdog) renew(ctx context.Context, holds []*hold, out chan<- *renewal
 	for _, cl := range calls {
 		vals, err := cl.cmd.Slice()
 		if err == nil && cl.acks != nil {
-			if n, aerr := cl.acks.Result(); aerr != nil || n < int64(c.ackReplicas) {
-				err = fmt.Errorf("%w: %d of %d within %v", ErrTooFewReplicas, n, c.ackReplicas, c.ackTimeout)
+			if got, aerr := cl.acks.Result(); aerr != nil || got < int64(c.ackReplicas) {
+				err = fmt.Errorf("%w: %d of %d within %v", ErrTooFewReplicas, got, c.ackReplicas, c.ackTimeout)
 			}
 		}
-		for j, it := range cl.items {
-			r.res[it.idx] = -1
+		for j, i := range cl.idx {
+			res[i] = -1
 			if err == nil && j < len(vals) {
 				if v, ok := vals[j].(int64); ok {
-					r.res[it.idx] = v
+					res[i] = v
 				}
 			}
 		}
 		if err != nil && !errors.Is(err, context.Canceled) {
-			c.log.Warn("remutex: renewal failed", "locks", len(cl.items), "err", err)
+			c.log.Warn("remutex: renewal failed", "locks", len(cl.idx), "err", err)
 		}
 	}
-	out <- r
+	return res
 }
 
 // apply records the outcome of a renewal round trip.

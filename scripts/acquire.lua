@@ -1,10 +1,11 @@
 -- acquire: ARGV = owner, expected count, wanted count, lease ms ('0' keeps
--- the TTL), fencing '1'|'0', publish command, channel.
+-- the TTL), fencing '0' off | '1' on | '2' on, always a new token (quorum),
+-- publish command, channel.
 -- Returns {1, fence} granted; {0, pttl} held by another; {2, pttl} free
 -- waiters are queued (starvation mode: no barging); {-1, 0} a nested acquire
 -- found the hold gone.
 local owner, expected, wanted, lease = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local fencing = ARGV[5] == '1'
+local fencing = ARGV[5] ~= '0'
 
 local cur = redis.pcall('hget', hash, owner)
 if type(cur) == 'table' then return type_ok(hash, 'hash') end
@@ -18,11 +19,17 @@ end
 
 if cur then
   -- Our field already exists: this call is a resend of one that was applied.
-  -- Counts are absolute, so applying it again changes nothing.
+  -- Counts are absolute, so applying it again changes nothing. A quorum asks
+  -- for a new token all the same: its field may be left from an attempt that
+  -- did not win a majority.
   redis.call('hset', hash, owner, wanted)
   redis.call('pexpire', hash, lease)
   local f = 0
-  if fencing then f = tonumber(redis.call('get', fencekey) or next_fence()) end
+  if ARGV[5] == '2' then
+    f = tonumber(next_fence())
+  elseif fencing then
+    f = tonumber(redis.call('get', fencekey) or next_fence())
+  end
   return {1, f}
 end
 
