@@ -676,7 +676,9 @@ func (m *DistMutex) unlock(ctx context.Context, plain bool) error {
 	c := m.c
 	c.mu.Lock()
 	h := m.holdLocked(m.gid())
-	if h == nil {
+	if h == nil || h.ending {
+		// (ending: a NonReentrant mutex whose final release another
+		// goroutine is already sending.)
 		c.mu.Unlock()
 		if plain {
 			panic("remutex: unlock of unlocked mutex")
