@@ -345,7 +345,9 @@ func (m *DistMutex) Lock() {
 // ctx.Err() wrapped with the lock's name; it then leaves nothing behind (no
 // hold, no queue entry, no renewal, no subscription once it lingered out).
 // Permanent errors are returned, wrapped. A nested LockContext on a lost hold
-// returns ErrLockLost and leaves the count as it was.
+// returns ErrLockLost and leaves the count as it was. ctx ends the wait between
+// round trips; a round trip in flight ends by ctx only if the redis client has
+// ContextTimeoutEnabled, otherwise by its ReadTimeout.
 func (m *DistMutex) LockContext(ctx context.Context) error {
 	_, err := m.lock(ctx, false, false)
 	return err
@@ -370,7 +372,9 @@ func (m *DistMutex) TryLock() bool {
 }
 
 // TryLockContext is TryLock that returns errors instead of reporting them:
-// (false, nil) means the lock is held by another owner.
+// (false, nil) means the lock is held by another owner, or waiters are
+// queued for it, or the grant came back too late to be valid (it was
+// released again).
 func (m *DistMutex) TryLockContext(ctx context.Context) (bool, error) {
 	return m.lock(ctx, true, false)
 }

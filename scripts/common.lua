@@ -95,7 +95,9 @@ local function grant_head(now, pub, channel)
         redis.call('pexpire', hash, claim)
         local f = '0'
         if fencing == '1' then f = next_fence() end
-        redis.call(pub, channel, 'g ' .. f .. ' ' .. head)
+        -- pcall: a caller without access to the channel (ACL) still hands
+        -- the lock on; the grantee finds the grant on its next queue refresh.
+        redis.pcall(pub, channel, 'g ' .. f .. ' ' .. head)
         expire_queue(now)
         return true
       end
@@ -110,6 +112,8 @@ local function on_free(pub, channel)
   if type(n) == 'number' and n > 0 and grant_head(now_ms(), pub, channel) then
     return 2
   end
-  redis.call(pub, channel, 'r')
+  -- pcall: without access to the channel (ACL) waiters poll; the release
+  -- itself stands and is reported as done.
+  redis.pcall(pub, channel, 'r')
   return 1
 end
