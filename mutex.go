@@ -169,7 +169,9 @@ func isNilPointer(v interface{}) bool {
 // Close stops the Client: its watchdog and pub/sub goroutines are stopped and
 // joined before Close returns. Holds still held become lost (their Lost
 // channels close, Unlock reports ErrLockLost) and expire on the server within
-// their lease; they are not deleted, so no other holder enters early. Waiting
+// their lease: Close does not delete them, so no other holder enters while
+// their goroutines may still be working. A goroutine's final Unlock of such a
+// hold still deletes its entry, as for any lost hold. Waiting
 // Lock calls return ErrClosed (Lock panics with it). The redis client is not
 // closed: it belongs to the caller. Close returns ErrClosed if called again.
 func (c *Client) Close() error {

@@ -15,7 +15,7 @@ import (
 var (
 	errHoldGone = errors.New("the lock's key no longer holds this owner (expired, deleted or overwritten)")
 	errExpired  = errors.New("no renewal succeeded before the lease's validity deadline")
-	errDenied   = errors.New("renewal found the lock held by another owner")
+	errDenied   = errors.New("renewal found the lock no longer held by this owner (its key expired, was deleted, or is held by another)")
 )
 
 // closedChan is what Lost returns to a goroutine that holds nothing.

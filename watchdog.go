@@ -126,6 +126,16 @@ func (w *watchdog) scan(busy bool) (due []*hold, wake time.Time, lost []notice) 
 	wake = now.Add(time.Hour)
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	// A hold is due lease/3 after its last renewal. When any is due, holds
+	// due within the next lease/12 go along, so that holds due at nearly the
+	// same time share a round trip.
+	anyDue := false
+	for h := range w.holds {
+		if h.m.renew && !h.inBatch && !now.Before(h.next) && now.Before(h.valid) {
+			anyDue = true
+			break
+		}
+	}
 	for h := range w.holds {
 		if !now.Before(h.valid) {
 			cause := errExpired
@@ -139,15 +149,15 @@ func (w *watchdog) scan(busy bool) (due []*hold, wake time.Time, lost []notice) 
 		if !h.m.renew || h.inBatch {
 			continue
 		}
-		// Renew a little early so that holds due at nearly the same time
-		// share a round trip.
-		early := h.next.Add(-h.m.lease / 12)
-		if !busy && !now.Before(early) {
+		if busy {
+			continue // the renewal in flight wakes the loop when it returns
+		}
+		if anyDue && !now.Before(h.next.Add(-h.m.lease/12)) {
 			h.inBatch = true
 			due = append(due, h)
 			continue
 		}
-		wake = earliest(wake, early)
+		wake = earliest(wake, h.next)
 	}
 	return due, wake, lost
 }
