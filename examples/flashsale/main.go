@@ -8,24 +8,36 @@
 // each. Without the lock more items are sold than exist; with it exactly the
 // stock is sold and it never goes below zero.
 //
+// With -procs N each sale runs in N operating-system processes instead: the
+// program starts itself N times, each process one remutex Client with
+// -goroutines buyers, and adds up what they report. The processes need a
+// shared Redis: without REDIS_ADDR the embedded miniredis runs in the parent
+// and the children connect to it.
+//
 // It runs on an embedded miniredis unless REDIS_ADDR names a Redis server:
 //
 //	go run ./examples/flashsale
+//	go run ./examples/flashsale -procs 3
 //	REDIS_ADDR=127.0.0.1:6379 go run ./examples/flashsale -stock 500 -buyers 2000
 //
 // It exits with status 1 if the locked run sold anything but the exact stock.
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"os/signal"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -43,6 +55,7 @@ type config struct {
 	clients    int           // remutex Clients, each with its own pool: processes
 	goroutines int           // concurrent buyers per Client
 	gap        time.Duration // between reading the stock and writing it back
+	procs      int           // > 0: run each sale in this many processes, one Client each
 }
 
 // result is the outcome of one run.
@@ -59,18 +72,22 @@ func (r result) exact(cfg config) bool {
 }
 
 func main() {
+	if spec := os.Getenv(workerEnv); spec != "" {
+		os.Exit(workerMain(spec)) // a child started by -procs
+	}
 	var cfg config
 	flag.IntVar(&cfg.stock, "stock", 100, "items for sale")
 	flag.IntVar(&cfg.buyers, "buyers", 0, "buyers, each wanting one item (0: twice the stock)")
 	flag.IntVar(&cfg.clients, "clients", 4, "remutex Clients, each with its own connection pool (processes)")
 	flag.IntVar(&cfg.goroutines, "goroutines", 8, "concurrent buyers per Client")
 	flag.DurationVar(&cfg.gap, "gap", time.Millisecond, "pause between reading the stock and writing it back")
+	flag.IntVar(&cfg.procs, "procs", 0, "run each sale in N processes, each one Client with -goroutines buyers (0: -clients Clients in this process)")
 	flag.Parse()
 	if cfg.buyers == 0 {
 		cfg.buyers = 2 * cfg.stock
 	}
-	if cfg.stock < 1 || cfg.buyers <= cfg.stock || cfg.clients < 1 || cfg.goroutines < 1 || cfg.gap < 0 {
-		fmt.Fprintln(os.Stderr, "flashsale: need -stock ≥ 1, -buyers > -stock, -clients ≥ 1, -goroutines ≥ 1, -gap ≥ 0")
+	if cfg.stock < 1 || cfg.buyers <= cfg.stock || cfg.clients < 1 || cfg.goroutines < 1 || cfg.gap < 0 || cfg.procs < 0 {
+		fmt.Fprintln(os.Stderr, "flashsale: need -stock ≥ 1, -buyers > -stock, -clients ≥ 1, -goroutines ≥ 1, -gap ≥ 0, -procs ≥ 0")
 		os.Exit(2)
 	}
 
@@ -99,8 +116,13 @@ func run(ctx context.Context, out io.Writer, cfg config, addr string) (bool, err
 		defer mr.Close()
 		addr, where = mr.Addr(), "embedded miniredis (set REDIS_ADDR to use a Redis server)"
 	}
-	fmt.Fprintf(out, "flash sale: %d items, %d buyers on %d clients × %d goroutines, %v between read and write\n",
-		cfg.stock, cfg.buyers, cfg.clients, cfg.goroutines, cfg.gap)
+	if cfg.procs > 0 {
+		fmt.Fprintf(out, "flash sale: %d items, %d buyers in %d processes × %d goroutines, %v between read and write\n",
+			cfg.stock, cfg.buyers, cfg.procs, cfg.goroutines, cfg.gap)
+	} else {
+		fmt.Fprintf(out, "flash sale: %d items, %d buyers on %d clients × %d goroutines, %v between read and write\n",
+			cfg.stock, cfg.buyers, cfg.clients, cfg.goroutines, cfg.gap)
+	}
 	fmt.Fprintf(out, "redis:      %s\n", where)
 
 	unlocked, err := sale(ctx, addr, cfg, false)
@@ -144,6 +166,9 @@ func describe(cfg config, r result) string {
 
 // sale runs one sale on fresh keys and removes its stock key afterwards.
 func sale(ctx context.Context, addr string, cfg config, locked bool) (result, error) {
+	if cfg.procs > 0 {
+		return saleInProcs(ctx, addr, cfg, locked)
+	}
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 
@@ -248,4 +273,228 @@ func buy(ctx context.Context, rdb *redis.Client, m *remutex.DistMutex, key strin
 		return false, err
 	}
 	return true, nil
+}
+
+// workerEnv names the variable that makes the program a child of -procs; it
+// holds the child's job as JSON.
+const workerEnv = "FLASHSALE_WORKER"
+
+// job is what one child process does: serve buyers from a counter shared by
+// all children until -buyers have come.
+type job struct {
+	StockKey   string        `json:"stock_key"`
+	NextKey    string        `json:"next_key"`  // INCR'd once per buyer
+	ReadyKey   string        `json:"ready_key"` // the child pushes here when ready
+	StartKey   string        `json:"start_key"` // and waits for a token here
+	Lock       string        `json:"lock"`      // the lock's name; "" sells without it
+	Buyers     int           `json:"buyers"`
+	Goroutines int           `json:"goroutines"`
+	Gap        time.Duration `json:"gap"`
+}
+
+// report is what a child prints on stdout when done.
+type report struct {
+	Sold    int           `json:"sold"`
+	Refused int           `json:"refused"`
+	Elapsed time.Duration `json:"elapsed"` // from the start to its last buyer
+}
+
+// saleInProcs runs one sale in cfg.procs child processes, each one remutex
+// Client with its own pool, all on the Redis at addr, and adds up their
+// reports.
+func saleInProcs(ctx context.Context, addr string, cfg config, locked bool) (result, error) {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	exe, err := os.Executable()
+	if err != nil {
+		return result{}, err
+	}
+
+	var id [8]byte
+	_, _ = rand.Read(id[:])
+	run := "flashsale:" + hex.EncodeToString(id[:])
+	j := job{
+		StockKey: run + ":stock", NextKey: run + ":next", ReadyKey: run + ":ready", StartKey: run + ":start",
+		Buyers: cfg.buyers, Goroutines: cfg.goroutines, Gap: cfg.gap,
+	}
+	if locked {
+		j.Lock = run
+	}
+	spec, err := json.Marshal(j)
+	if err != nil {
+		return result{}, err
+	}
+
+	admin := redis.NewClient(&redis.Options{Addr: addr})
+	defer admin.Close()
+	if err := admin.Set(ctx, j.StockKey, cfg.stock, time.Hour).Err(); err != nil {
+		return result{}, err
+	}
+	defer admin.Del(context.WithoutCancel(ctx), j.StockKey, j.NextKey, j.ReadyKey, j.StartKey)
+
+	type child struct {
+		cmd            *exec.Cmd
+		stdout, stderr bytes.Buffer
+		err            error         // from Wait
+		exited         chan struct{} // closed once err is set
+	}
+	children := make([]*child, 0, cfg.procs)
+	defer func() {
+		cancel() // kills the children still running after a failure
+		for _, ch := range children {
+			<-ch.exited
+		}
+	}()
+	for range cfg.procs {
+		ch := &child{exited: make(chan struct{})}
+		ch.cmd = exec.CommandContext(ctx, exe)
+		ch.cmd.Env = append(os.Environ(), workerEnv+"="+string(spec), "REDIS_ADDR="+addr)
+		ch.cmd.Stdout, ch.cmd.Stderr = &ch.stdout, &ch.stderr
+		if err := ch.cmd.Start(); err != nil {
+			return result{}, err
+		}
+		go func() { ch.err = ch.cmd.Wait(); close(ch.exited) }()
+		children = append(children, ch)
+	}
+	// Start line: every child connects and says it is ready, then all are
+	// let go at once, so that the processes compete from the first buyer.
+	err = func() error {
+		for ready := 0; ready < cfg.procs; {
+			err := admin.BLPop(ctx, time.Second, j.ReadyKey).Err()
+			switch {
+			case err == nil:
+				ready++
+				continue
+			case !errors.Is(err, redis.Nil):
+				return fmt.Errorf("waiting for the processes to start: %w", err)
+			}
+			for i, ch := range children {
+				select {
+				case <-ch.exited:
+					return fmt.Errorf("process %d ended before the start: %v: %s", i+1, ch.err, strings.TrimSpace(ch.stderr.String()))
+				default:
+				}
+			}
+		}
+		tokens := make([]interface{}, cfg.procs)
+		for i := range tokens {
+			tokens[i] = "go"
+		}
+		return admin.RPush(ctx, j.StartKey, tokens...).Err()
+	}()
+	if err != nil {
+		return result{}, err
+	}
+
+	var r result
+	var errs []error
+	for i, ch := range children {
+		<-ch.exited
+		if ch.err != nil {
+			errs = append(errs, fmt.Errorf("process %d: %v: %s", i+1, ch.err, strings.TrimSpace(ch.stderr.String())))
+			continue
+		}
+		var rep report
+		if err := json.Unmarshal(ch.stdout.Bytes(), &rep); err != nil {
+			errs = append(errs, fmt.Errorf("process %d: report %q: %v", i+1, ch.stdout.String(), err))
+			continue
+		}
+		r.sold += rep.Sold
+		r.refused += rep.Refused
+		// The children's own times, not the time until they exited: that
+		// includes process teardown (a second under the race detector).
+		r.elapsed = max(r.elapsed, rep.Elapsed)
+	}
+	if len(errs) > 0 {
+		return result{}, errors.Join(errs...)
+	}
+	if r.left, err = admin.Get(ctx, j.StockKey).Int(); err != nil {
+		return result{}, err
+	}
+	return r, nil
+}
+
+// workerMain is a child process of -procs: one remutex Client (if the job
+// is locked) on one pool, with job.Goroutines buyers. It returns the exit
+// status.
+func workerMain(spec string) int {
+	var j job
+	if err := json.Unmarshal([]byte(spec), &j); err != nil {
+		fmt.Fprintln(os.Stderr, "flashsale worker:", err)
+		return 2
+	}
+	rep, err := work(context.Background(), os.Getenv("REDIS_ADDR"), j)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "flashsale worker:", err)
+		return 1
+	}
+	if err := json.NewEncoder(os.Stdout).Encode(rep); err != nil {
+		fmt.Fprintln(os.Stderr, "flashsale worker:", err)
+		return 1
+	}
+	return 0
+}
+
+func work(ctx context.Context, addr string, j job) (report, error) {
+	if addr == "" {
+		return report{}, errors.New("REDIS_ADDR not set")
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	defer rdb.Close()
+	var m *remutex.DistMutex
+	if j.Lock != "" {
+		c := remutex.NewClient(rdb)
+		defer c.Close() // before rdb.Close
+		m = c.NewMutex(j.Lock)
+	}
+	if err := rdb.RPush(ctx, j.ReadyKey, "ready").Err(); err != nil {
+		return report{}, err
+	}
+	if err := rdb.BLPop(ctx, 0, j.StartKey).Err(); err != nil {
+		return report{}, fmt.Errorf("waiting for the start: %w", err)
+	}
+	start := time.Now()
+
+	var (
+		sold, refused atomic.Int64
+		wg            sync.WaitGroup
+		errOnce       sync.Once
+		firstErr      error
+	)
+	fail := func(err error) {
+		errOnce.Do(func() { firstErr = err; cancel() })
+	}
+	for range j.Goroutines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				n, err := rdb.Incr(ctx, j.NextKey).Result() // the next buyer, across all processes
+				if err != nil {
+					fail(err)
+					return
+				}
+				if n > int64(j.Buyers) {
+					return
+				}
+				got, err := buy(ctx, rdb, m, j.StockKey, j.Gap)
+				if err != nil {
+					fail(err)
+					return
+				}
+				if got {
+					sold.Add(1)
+				} else {
+					refused.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if firstErr != nil {
+		return report{}, firstErr
+	}
+	return report{Sold: int(sold.Load()), Refused: int(refused.Load()), Elapsed: time.Since(start)}, nil
 }

@@ -1,0 +1,74 @@
+//go:build unix
+
+package main
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// startCluster starts a one-node Redis Cluster that serves every slot.
+func startCluster(t *testing.T) *redisServer {
+	t.Helper()
+	bus, err := freePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := startRedis(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-port", strconv.Itoa(bus))
+	rdb := rdbFor(t, srv.addr())
+	ctx := context.Background()
+	if err := rdb.Do(ctx, "cluster", "addslotsrange", 0, 16383).Err(); err != nil {
+		t.Fatal(err)
+	}
+	await(t, 30*time.Second, "the cluster to be ready", func() bool {
+		info, err := rdb.ClusterInfo(ctx).Result()
+		return err == nil && strings.Contains(info, "cluster_state:ok")
+	})
+	return srv
+}
+
+// TestCluster runs a holder and a waiter on a Redis 7 cluster, where release
+// messages are shard messages: status counts the waiter's SSUBSCRIBE, and
+// unlock --force announces the release with SPUBLISH, which wakes it.
+func TestCluster(t *testing.T) {
+	t.Parallel()
+	srv := startCluster(t)
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{srv.addr()}})
+	t.Cleanup(func() { _ = cc.Close() })
+	name := lockName(t, "lock")
+	flags := []string{"--cluster", srv.addr()}
+
+	holder, _, _ := holdLock(t, "", name, append(flags, "--lease", "2s")...)
+	waiter := start(t, cliEnv(), "", append(flags, "run", name, "--", "true")...)
+	await(t, 10*time.Second, "the waiter to queue and subscribe", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		st, err := readStatus(ctx, cc, "remutex:", name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.Queued == 1 && st.Subscribers == 1
+	})
+
+	ps := cc.SSubscribe(context.Background(), "remutex:{"+name+"}:released")
+	t.Cleanup(func() { _ = ps.Close() })
+	if _, err := ps.Receive(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	code, stdout, stderr := run(t, cliEnv(), "", append([]string{"unlock", "--force", "--yes", name}, flags...)...)
+	if code != 0 {
+		t.Fatalf("unlock: exit status %d, want 0; stdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+	}
+	assertReleaseMessage(t, ps.Channel())
+	if code := waiter.wait(30 * time.Second); code != 0 {
+		t.Errorf("waiter: exit status %d, want 0; stderr:\n%s", code, waiter.stderr())
+	}
+	if code := holder.wait(30 * time.Second); code != exitLost {
+		t.Errorf("holder: exit status %d, want %d; stderr:\n%s", code, exitLost, holder.stderr())
+	}
+}

@@ -1,0 +1,351 @@
+//go:build unix
+
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// The tests build the remutex binary and run it as a user would, against a
+// redis-server they start themselves on a free loopback port. Without
+// redis-server on PATH those tests skip with the reason, unless
+// REMUTEX_REQUIRE_REDIS=1, when they fail.
+
+// buildFlags are extra flags for building the binary under test; race_test.go
+// adds -race when the tests run with it.
+var buildFlags []string
+
+var (
+	binDir string // holds the binary; removed by TestMain
+	bin    struct {
+		once sync.Once
+		path string
+		err  error
+	}
+)
+
+func TestMain(m *testing.M) {
+	var err error
+	if binDir, err = os.MkdirTemp("", "remutex-cli-test"); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	shared.srv.stop()
+	if shared.dir != "" {
+		_ = os.RemoveAll(shared.dir)
+	}
+	_ = os.RemoveAll(binDir)
+	os.Exit(code)
+}
+
+// binary returns the path of the remutex binary, building it on first use.
+// It is built once for all tests (into a directory TestMain removes), since
+// every test runs it many times.
+func binary(t testing.TB) string {
+	t.Helper()
+	bin.once.Do(func() {
+		goBin, err := exec.LookPath("go")
+		if err != nil {
+			goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
+		}
+		path := filepath.Join(binDir, "remutex")
+		args := append([]string{"build", "-o", path}, buildFlags...)
+		out, err := exec.Command(goBin, append(args, ".")...).CombinedOutput()
+		if err != nil {
+			bin.err = fmt.Errorf("go build: %v\n%s", err, out)
+			return
+		}
+		bin.path = path
+	})
+	if bin.err != nil {
+		t.Fatal(bin.err)
+	}
+	return bin.path
+}
+
+// requireRedisServer returns the path of redis-server, skipping (or failing
+// with REMUTEX_REQUIRE_REDIS=1) when there is none.
+func requireRedisServer(t testing.TB) string {
+	t.Helper()
+	path, err := exec.LookPath("redis-server")
+	if err != nil {
+		if os.Getenv("REMUTEX_REQUIRE_REDIS") == "1" {
+			t.Fatalf("redis-server not on PATH and REMUTEX_REQUIRE_REDIS=1: %v", err)
+		}
+		t.Skip("redis-server not on PATH (install it, e.g. apt-get install redis-server, to run these tests)")
+	}
+	return path
+}
+
+// redisServer is a redis-server child process on 127.0.0.1.
+type redisServer struct {
+	port int
+	cmd  *exec.Cmd
+	exit chan struct{}
+}
+
+func (s *redisServer) addr() string { return "127.0.0.1:" + strconv.Itoa(s.port) }
+
+// startRedis starts a redis-server without persistence on a free loopback
+// port, with extra arguments, and stops it when the test ends.
+func startRedis(t testing.TB, extra ...string) *redisServer {
+	t.Helper()
+	s, err := launchRedis(requireRedisServer(t), t.TempDir(), extra...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.stop)
+	return s
+}
+
+func launchRedis(path, dir string, extra ...string) (*redisServer, error) {
+	var err error
+	for try := 0; try < 5; try++ {
+		var port int
+		if port, err = freePort(); err != nil {
+			continue
+		}
+		var s *redisServer
+		if s, err = startRedisOn(path, dir, port, extra); err == nil {
+			return s, nil
+		}
+	}
+	return nil, fmt.Errorf("starting redis-server: %w", err)
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// startRedisOn launches redis-server on port and waits until it answers PING.
+func startRedisOn(path, dir string, port int, extra []string) (*redisServer, error) {
+	args := append([]string{
+		"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--dir", dir,
+	}, extra...)
+	cmd := exec.Command(path, args...)
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	s := &redisServer{port: port, cmd: cmd, exit: make(chan struct{})}
+	go func() { _ = cmd.Wait(); close(s.exit) }()
+	rdb := redis.NewClient(&redis.Options{Addr: s.addr(), MaxRetries: -1})
+	defer rdb.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		err := rdb.Ping(ctx).Err()
+		cancel()
+		if err == nil || redis.HasErrorPrefix(err, "NOAUTH") {
+			return s, nil
+		}
+		select {
+		case <-s.exit:
+			return nil, fmt.Errorf("redis-server exited: %s", out.String())
+		case <-time.After(10 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			s.stop()
+			return nil, fmt.Errorf("redis-server did not answer PING: %v; output: %s", err, out.String())
+		}
+	}
+}
+
+// stop kills the server (nothing to save) and waits for it.
+func (s *redisServer) stop() {
+	if s == nil || s.cmd == nil {
+		return
+	}
+	_ = s.cmd.Process.Kill()
+	<-s.exit
+}
+
+// shared is one redis-server for the tests that need nothing special; each
+// test uses lock names of its own.
+var shared struct {
+	once sync.Once
+	dir  string // its directory, removed by TestMain
+	srv  *redisServer
+	err  error
+}
+
+func sharedRedis(t testing.TB) *redisServer {
+	t.Helper()
+	path := requireRedisServer(t)
+	shared.once.Do(func() {
+		if shared.dir, shared.err = os.MkdirTemp("", "remutex-cli-redis"); shared.err != nil {
+			return
+		}
+		shared.srv, shared.err = launchRedis(path, shared.dir)
+	})
+	if shared.err != nil {
+		t.Fatal(shared.err)
+	}
+	return shared.srv
+}
+
+// rdbFor returns a redis client for addr, closed when the test ends.
+func rdbFor(t testing.TB, addr string) *redis.Client {
+	t.Helper()
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	t.Cleanup(func() { _ = rdb.Close() })
+	return rdb
+}
+
+// lockName returns a lock name unique to the test.
+func lockName(t testing.TB, suffix string) string {
+	return strings.NewReplacer("/", "-", " ", "_").Replace(t.Name()) + ":" + suffix
+}
+
+// cliEnv is the environment the binary runs in: this process's, without the
+// variables remutex reads, plus extra.
+func cliEnv(extra ...string) []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		k, _, _ := strings.Cut(kv, "=")
+		if k == "REDIS_ADDR" || k == "REDIS_URL" || strings.HasPrefix(k, "REMUTEX_") {
+			continue
+		}
+		env = append(env, kv)
+	}
+	return append(env, extra...)
+}
+
+// proc is a running remutex process. Its output goes to files, not pipes, so
+// that waiting for it never waits for a command's own children too.
+type proc struct {
+	t        testing.TB
+	cmd      *exec.Cmd
+	out, err string // paths of stdout and stderr
+	done     chan struct{}
+}
+
+// start runs the binary with args in env (see cliEnv), stdin from stdin (nil:
+// none), and kills it at the end of the test if it still runs.
+func start(t testing.TB, env []string, stdin string, args ...string) *proc {
+	t.Helper()
+	dir := t.TempDir()
+	p := &proc{t: t, out: filepath.Join(dir, "stdout"), err: filepath.Join(dir, "stderr"), done: make(chan struct{})}
+	stdout, err := os.Create(p.out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stdout.Close()
+	stderr, err := os.Create(p.err)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stderr.Close()
+	p.cmd = exec.Command(binary(t), args...)
+	p.cmd.Env = env
+	p.cmd.Stdout, p.cmd.Stderr = stdout, stderr
+	if stdin != "" {
+		p.cmd.Stdin = strings.NewReader(stdin)
+	}
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = p.cmd.Wait(); close(p.done) }()
+	t.Cleanup(func() {
+		select {
+		case <-p.done:
+			return
+		default:
+		}
+		_ = p.cmd.Process.Signal(syscall.SIGCONT) // a stopped process must be able to die
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	})
+	return p
+}
+
+// wait waits up to d for the process to exit and returns its exit status
+// (-1 if a signal killed it). It fails the test if it is still running.
+func (p *proc) wait(d time.Duration) int {
+	p.t.Helper()
+	select {
+	case <-p.done:
+	case <-time.After(d):
+		p.t.Fatalf("remutex %v still running after %v; stderr:\n%s", p.cmd.Args[1:], d, p.stderr())
+	}
+	return p.cmd.ProcessState.ExitCode()
+}
+
+// exited reports whether the process has exited.
+func (p *proc) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+func (p *proc) signal(sig syscall.Signal) {
+	p.t.Helper()
+	if err := p.cmd.Process.Signal(sig); err != nil {
+		p.t.Fatalf("signal %v: %v", sig, err)
+	}
+}
+
+func (p *proc) stdout() string { return readFile(p.t, p.out) }
+func (p *proc) stderr() string { return readFile(p.t, p.err) }
+
+// run runs the binary to completion (at most 30s) and returns its exit
+// status, stdout and stderr.
+func run(t testing.TB, env []string, stdin string, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	p := start(t, env, stdin, args...)
+	code = p.wait(30 * time.Second)
+	return code, p.stdout(), p.stderr()
+}
+
+func readFile(t testing.TB, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// await polls cond every 10ms until it holds, failing the test after d.
+func await(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// fileHas reports whether the file at path exists and contains s.
+func fileHas(t testing.TB, path, s string) bool {
+	t.Helper()
+	return strings.Contains(readFile(t, path), s)
+}

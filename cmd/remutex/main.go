@@ -1,0 +1,241 @@
+// Command remutex takes a remutex lock from the shell, in the spirit of
+// flock(1) and etcdctl lock, and inspects or clears locks that Go programs
+// using the remutex package hold.
+//
+// Install it with:
+//
+//	go install github.com/remutex/remutex/cmd/remutex@latest
+//
+// Usage:
+//
+//	remutex run [--lease D] [--wait D] [--grace D] [--fence-env NAME] NAME -- COMMAND [ARGS...]
+//	remutex status [--json] NAME...
+//	remutex unlock --force [--yes] NAME
+//
+// run takes the lock NAME, waiting for it up to --wait (default: as long as
+// it takes; 0 tries once), and runs COMMAND while the lease (--lease, default
+// 30s) is renewed in the background. The command gets the lock's fencing
+// token in the environment variable named by --fence-env (default
+// REMUTEX_FENCE; an empty name turns fencing off). SIGINT, SIGTERM and SIGHUP
+// sent to remutex are passed on to the command. When the command exits, the
+// lock is released and remutex exits with the command's status. If the lease
+// is lost while the command runs (Redis unreachable for longer than the lease,
+// the key deleted), the command is sent SIGTERM, and SIGKILL if it is still
+// running --grace (default 5s) later, and remutex exits with status 79.
+//
+// The command runs in a process group of its own, so that these signals reach
+// everything it started. When standard input is a terminal, the command's
+// group is made the terminal's foreground group while it runs, so that it can
+// read the terminal and Ctrl-C reaches it once; stopping it with Ctrl-Z is
+// not supported. On Linux the command is killed if remutex itself dies
+// (SIGKILL), since the lock then ends within its lease.
+//
+// status prints, for each lock, the owner tokens of its holder and their hold
+// counts, the remaining lease, the last fencing token handed out, the waiters
+// queued in Redis and the number of Clients subscribed to its release
+// channel; --json prints the same as a JSON array for scripts.
+//
+// unlock --force deletes a stuck lock (a holder that is frozen, not dead: a
+// dead holder's lock ends by itself within its lease) and wakes its waiters.
+// It asks for confirmation on standard input unless --yes is given, and it
+// deletes nothing if the lock changed hands since it was read. The holder, if
+// it resumes, finds its lease lost.
+//
+// # Connection
+//
+// Every command takes these flags, before or after the command name:
+//
+//	--addr HOST:PORT   a Redis server (default: $REDIS_ADDR, else 127.0.0.1:6379)
+//	--url URL          a redis:// or rediss:// URL, with user and password (default: $REDIS_URL)
+//	--cluster ADDRS    comma-separated addresses of a Redis Cluster, or a cluster URL
+//	--prefix P         the key prefix of the locks (default "remutex:")
+//
+// At most one of --addr, --url and --cluster may be given; without any,
+// REDIS_URL is used if set, then REDIS_ADDR.
+//
+// # Exit status
+//
+//	0-255  run: the command's own status; 128+N if a signal N killed it
+//	0      status, unlock: done (unlock: also when the lock was already free)
+//	1      unlock: not confirmed, or the lock changed hands meanwhile
+//	64     usage error
+//	69     Redis error: unreachable, a failed command, a key of another type
+//	75     run: --wait passed and the lock was still held; the command did not run
+//	79     run: the lease was lost while the command ran
+//	126    run: COMMAND could not be executed
+//	127    run: COMMAND was not found
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Exit statuses. 64, 69 and 75 are sysexits.h's EX_USAGE, EX_UNAVAILABLE and
+// EX_TEMPFAIL; 126 and 127 are the shell's.
+const (
+	exitOK        = 0
+	exitDeclined  = 1
+	exitUsage     = 64
+	exitRedis     = 69
+	exitTimeout   = 75
+	exitLost      = 79
+	exitCannotRun = 126
+	exitNotFound  = 127
+)
+
+const usageText = `remutex: a distributed lock on Redis for scripts and cron jobs
+
+Usage:
+  remutex run [--lease D] [--wait D] [--grace D] [--fence-env NAME] NAME -- COMMAND [ARGS...]
+  remutex status [--json] NAME...
+  remutex unlock --force [--yes] NAME
+
+Commands:
+  run     take lock NAME (waiting up to --wait), run COMMAND while the lease is
+          renewed, release the lock when it exits, and exit with its status
+  status  show each lock's holder, hold count, remaining lease, last fencing
+          token, queued waiters and subscribed Clients
+  unlock  delete a stuck lock and wake its waiters (asks first unless --yes)
+
+Run "remutex COMMAND -h" for a command's flags.
+
+Connection flags (any command, before or after its name):
+  --addr HOST:PORT   a Redis server (default: $REDIS_ADDR, else 127.0.0.1:6379)
+  --url URL          a redis:// or rediss:// URL with user and password (default: $REDIS_URL)
+  --cluster ADDRS    comma-separated addresses of a Redis Cluster, or a cluster URL
+  --prefix P         key prefix of the locks (default "remutex:")
+
+Exit status:
+  0-255  run: the command's own status; 128+N if a signal N killed it
+  0      status, unlock: done (unlock: also when the lock was already free)
+  1      unlock: not confirmed, or the lock changed hands meanwhile
+  64     usage error
+  69     Redis error: unreachable, a failed command, a key of another type
+  75     run: --wait passed while the lock was held; the command did not run
+  79     run: the lease was lost while the command ran (it was sent SIGTERM,
+         then SIGKILL after --grace)
+  126    run: COMMAND could not be executed
+  127    run: COMMAND was not found
+`
+
+// cli is one invocation: its arguments, environment and standard streams.
+type cli struct {
+	stdin          io.Reader
+	stdout, stderr io.Writer
+	getenv         func(string) string
+	conn           connFlags
+}
+
+func main() {
+	// go-redis logs dial failures on its own; remutex reports them once.
+	redis.SetLogger(quietLogger{})
+	c := &cli{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv}
+	os.Exit(c.main(os.Args[1:]))
+}
+
+// main runs the command line args and returns the exit status.
+func (c *cli) main(args []string) int {
+	global := c.flagSet("remutex")
+	if code, ok := c.parse(global, args, func(w io.Writer) { fmt.Fprint(w, usageText) }); !ok {
+		return code
+	}
+	args = global.Args()
+	if len(args) == 0 {
+		fmt.Fprint(c.stderr, usageText)
+		return exitUsage
+	}
+	switch args[0] {
+	case "run":
+		return c.run(args[1:])
+	case "status":
+		return c.status(args[1:])
+	case "unlock":
+		return c.unlock(args[1:])
+	case "help":
+		fmt.Fprint(c.stdout, usageText)
+		return exitOK
+	}
+	c.errorf("unknown command %q (want run, status or unlock)", args[0])
+	return exitUsage
+}
+
+// flagSet returns a flag set for a command, with the connection flags.
+func (c *cli) flagSet(name string) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(c.stderr)
+	fs.Usage = func() {} // parse prints it
+	c.conn.register(fs)
+	return fs
+}
+
+// parse parses args into fs. It returns ok = false with the exit status when
+// the command is done: usage printed to stdout for -h (status 0), or to stderr
+// after a bad flag (status 64).
+func (c *cli) parse(fs *flag.FlagSet, args []string, usage func(io.Writer)) (code int, ok bool) {
+	err := fs.Parse(args)
+	return c.parsed(fs, err, usage)
+}
+
+// parseNames is parse for commands whose positional arguments are all lock
+// names: flags may also follow them, up to a "--". It returns the names.
+func (c *cli) parseNames(fs *flag.FlagSet, args []string, usage func(io.Writer)) (names []string, code int, ok bool) {
+	for {
+		err := fs.Parse(args)
+		if err != nil {
+			code, ok := c.parsed(fs, err, usage)
+			return nil, code, ok
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			break
+		}
+		if n := len(args) - len(rest); n > 0 && args[n-1] == "--" {
+			names = append(names, rest...)
+			break
+		}
+		names, args = append(names, rest[0]), rest[1:]
+	}
+	code, ok = c.parsed(fs, nil, usage)
+	return names, code, ok
+}
+
+// parsed finishes parse after fs.Parse returned err.
+func (c *cli) parsed(fs *flag.FlagSet, err error, usage func(io.Writer)) (code int, ok bool) {
+	switch {
+	case err == nil:
+		if err := c.conn.check(); err != nil {
+			return c.usageError("%v", err), false
+		}
+		return 0, true
+	case errors.Is(err, flag.ErrHelp):
+		usage(c.stdout)
+		return exitOK, false
+	}
+	usage(c.stderr) // the flag package printed the error itself
+	return exitUsage, false
+}
+
+// errorf prints a message prefixed "remutex: " to stderr.
+func (c *cli) errorf(format string, args ...interface{}) {
+	msg := fmt.Sprintf(format, args...)
+	fmt.Fprintln(c.stderr, "remutex: "+strings.TrimPrefix(msg, "remutex: "))
+}
+
+// usageError prints a usage message and returns exitUsage.
+func (c *cli) usageError(format string, args ...interface{}) int {
+	c.errorf(format, args...)
+	return exitUsage
+}
+
+// quietLogger discards go-redis's internal log lines.
+type quietLogger struct{}
+
+func (quietLogger) Printf(context.Context, string, ...interface{}) {}

@@ -1,0 +1,414 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
+	"os/exec"
+	"os/signal"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/remutex/remutex"
+)
+
+const runUsage = `Usage: remutex run [flags] NAME -- COMMAND [ARGS...]
+
+Takes the lock NAME, waiting for it up to --wait, and runs COMMAND while the
+lease is renewed in the background. The command gets the fencing token in the
+environment (--fence-env). SIGINT, SIGTERM and SIGHUP sent to remutex are
+passed on to the command's process group. When the command exits, the lock is
+released and remutex exits with the command's status (128+N if signal N
+killed it).
+
+If the lease is lost while the command runs, the command's process group is
+sent SIGTERM, then SIGKILL after --grace, and remutex exits with status 79.
+
+Exit status: the command's; 64 usage error; 69 Redis error; 75 --wait passed
+while the lock was held (the command did not run); 79 lease lost; 126 the
+command could not be executed; 127 the command was not found.
+
+Flags:
+`
+
+// Signals passed on to the command; SIGTERM and SIGKILL stop it after a lost
+// lease.
+var (
+	forwarded = []os.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP}
+	sigTerm   = os.Signal(syscall.SIGTERM)
+	sigKill   = os.Signal(syscall.SIGKILL)
+)
+
+// waitFlag is --wait: a duration, or forever when not given.
+type waitFlag struct {
+	d   time.Duration
+	set bool
+}
+
+func (w *waitFlag) String() string {
+	if w == nil || !w.set {
+		return "forever"
+	}
+	return w.d.String()
+}
+
+func (w *waitFlag) Set(s string) error {
+	if s == "forever" {
+		*w = waitFlag{}
+		return nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return err
+	}
+	if d < 0 {
+		return errors.New("must not be negative")
+	}
+	*w = waitFlag{d: d, set: true}
+	return nil
+}
+
+// runConfig is a parsed run command line.
+type runConfig struct {
+	name     string
+	command  []string
+	lease    time.Duration
+	wait     waitFlag
+	grace    time.Duration
+	fenceEnv string
+}
+
+func (c *cli) run(args []string) int {
+	fs := c.flagSet("run")
+	var cfg runConfig
+	fs.DurationVar(&cfg.lease, "lease", remutex.DefaultLease,
+		"the lock's lease: how long it outlives remutex if remutex dies, a `duration` from 50ms to 24h")
+	fs.Var(&cfg.wait, "wait", "how long to wait for the lock: a `duration`, 0 to try once, or forever (default forever)")
+	fs.DurationVar(&cfg.grace, "grace", 5*time.Second,
+		"after a lost lease, how long the command gets between SIGTERM and SIGKILL: a `duration`")
+	fs.StringVar(&cfg.fenceEnv, "fence-env", "REMUTEX_FENCE",
+		"environment `variable` that gets the fencing token; empty: no fencing")
+	if code, ok := c.parse(fs, args, func(w io.Writer) {
+		fmt.Fprint(w, runUsage)
+		fs.SetOutput(w)
+		fs.PrintDefaults()
+	}); !ok {
+		return code
+	}
+	if err := cfg.positional(fs.Args()); err != nil {
+		return c.usageError("run: %v (usage: remutex run [flags] NAME -- COMMAND [ARGS...])", err)
+	}
+	switch {
+	case cfg.lease < remutex.MinLease || cfg.lease > remutex.MaxLease:
+		return c.usageError("run: --lease %v: must be between 50ms and 24h", cfg.lease)
+	case cfg.grace < 0:
+		return c.usageError("run: --grace %v: must not be negative", cfg.grace)
+	case strings.ContainsAny(cfg.fenceEnv, "=\x00"):
+		return c.usageError("run: --fence-env %q is not a variable name", cfg.fenceEnv)
+	}
+	if err := checkName(c.conn.keyPrefix(), cfg.name); err != nil {
+		return c.usageError("run: %v", err)
+	}
+	return c.runLocked(cfg)
+}
+
+// positional splits NAME [--] COMMAND [ARGS...].
+func (cfg *runConfig) positional(args []string) error {
+	if len(args) == 0 {
+		return errors.New("no lock name")
+	}
+	cfg.name, args = args[0], args[1:]
+	switch {
+	case len(args) > 0 && args[0] == "--":
+		args = args[1:]
+	case len(args) > 0 && strings.HasPrefix(args[0], "-"):
+		return fmt.Errorf("%s after the lock name: flags go before NAME, and -- before the command", args[0])
+	}
+	if len(args) == 0 {
+		return errors.New("no command")
+	}
+	cfg.command = args
+	return nil
+}
+
+// runLocked takes the lock, runs the command, and releases the lock.
+func (c *cli) runLocked(cfg runConfig) int {
+	cmd := exec.Command(cfg.command[0], cfg.command[1:]...)
+	if cmd.Err != nil {
+		// Not found on PATH: say so before taking the lock.
+		c.errorf("%v", cmd.Err)
+		return exitNotFound
+	}
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+
+	// Signals are caught from here on: while waiting they end the wait, while
+	// the command runs they are passed on. A signal remutex was started with
+	// ignored (nohup) stays ignored, for the command too.
+	sigs := make(chan os.Signal, 8)
+	for _, s := range forwarded {
+		if !signal.Ignored(s) {
+			signal.Notify(sigs, s)
+		}
+	}
+	defer signal.Stop(sigs)
+
+	// Until the command starts, a signal ends the connection attempt or the
+	// wait for the lock.
+	ctx, interrupted := watchSignals(sigs)
+	rdb, err := c.connect(ctx)
+	if err != nil {
+		if sig := interrupted(); sig != nil {
+			c.errorf("%v while connecting to Redis", sig)
+			return 128 + signalNumber(sig)
+		}
+		return c.fail(err)
+	}
+	defer rdb.Close()
+	var seen lastError
+	locks := remutex.NewClient(rdb,
+		remutex.WithKeyPrefix(c.conn.keyPrefix()),
+		remutex.WithLogger(slog.New(&lineHandler{w: c.stderr, mu: new(sync.Mutex)})),
+		remutex.WithErrorHandler(seen.set),
+	)
+	defer locks.Close() // before rdb.Close: deferred calls run last in, first out
+	opts := []remutex.MutexOption{remutex.WithLease(cfg.lease)}
+	if cfg.fenceEnv != "" {
+		opts = append(opts, remutex.WithFencing())
+	}
+	m := locks.NewMutex(cfg.name, opts...)
+
+	// Take the lock on this goroutine: holds belong to goroutines, and this
+	// one also asks for Lost and Fence and unlocks.
+	if code, held := c.acquire(ctx, interrupted, m, rdb, cfg, &seen); !held {
+		return code
+	}
+	lost := m.Lost()
+	if cfg.fenceEnv != "" {
+		cmd.Env = append(os.Environ(), cfg.fenceEnv+"="+strconv.FormatInt(m.Fence(), 10))
+	}
+	status, lostSeen := c.supervise(cmd, cfg, sigs, lost)
+
+	uctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	uerr := m.UnlockContext(uctx)
+	switch {
+	case errors.Is(uerr, remutex.ErrLockLost):
+		c.errorf("%v", uerr) // the cause of the loss
+		return exitLost
+	case lostSeen:
+		return exitLost
+	case uerr != nil:
+		c.errorf("releasing the lock: %v (it ends within its lease)", uerr)
+	}
+	return status
+}
+
+// watchSignals returns a context that ends with the first signal from sigs,
+// and a function that stops watching and returns that signal, if one came.
+func watchSignals(sigs <-chan os.Signal) (ctx context.Context, interrupted func() os.Signal) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var (
+		got  os.Signal
+		stop = make(chan struct{})
+		done = make(chan struct{})
+		once sync.Once
+	)
+	go func() {
+		defer close(done)
+		select {
+		case got = <-sigs:
+			cancel()
+		case <-stop:
+		}
+	}()
+	return ctx, func() os.Signal {
+		once.Do(func() {
+			close(stop)
+			<-done
+			cancel()
+		})
+		return got
+	}
+}
+
+// acquire takes m within cfg.wait, or until ctx ends with a signal, which
+// stops the watching. It returns held = false with the exit status if it
+// did not take the lock: the wait passed, a signal came, or Redis failed.
+func (c *cli) acquire(ctx context.Context, interrupted func() os.Signal, m *remutex.DistMutex, rdb redis.UniversalClient, cfg runConfig, seen *lastError) (code int, held bool) {
+	var err error
+	switch {
+	case !cfg.wait.set:
+		err = m.LockContext(ctx)
+	case cfg.wait.d == 0:
+		var ok bool
+		if ok, err = m.TryLockContext(ctx); err == nil && !ok {
+			err = context.DeadlineExceeded
+		}
+	default:
+		wctx, wcancel := context.WithTimeout(ctx, cfg.wait.d)
+		err = m.LockContext(wctx)
+		wcancel()
+	}
+	if sig := interrupted(); sig != nil {
+		if err == nil {
+			c.release(m)
+		}
+		c.errorf("%v while waiting for lock %q", sig, cfg.name)
+		return 128 + signalNumber(sig), false
+	}
+	switch {
+	case err == nil:
+		return 0, true
+	case errors.Is(err, context.DeadlineExceeded):
+		msg := fmt.Sprintf("lock %q is held", cfg.name)
+		// Name the holder, if Redis answers quickly: the wait is over already.
+		sctx, scancel := context.WithTimeout(context.Background(), time.Second)
+		if st, serr := readStatus(sctx, rdb, c.conn.keyPrefix(), cfg.name); serr == nil && st.Held {
+			msg += " by " + st.Holders[0].Owner
+		}
+		scancel()
+		gaveUp := fmt.Sprintf("gave up after --wait %v", cfg.wait.d)
+		if cfg.wait.d == 0 {
+			gaveUp = "tried once (--wait 0)"
+		}
+		c.errorf("%s; %s, the command did not run%s", msg, gaveUp, seen.describe())
+		return exitTimeout, false
+	}
+	c.errorf("%v", err)
+	return exitRedis, false
+}
+
+// release releases a lock that will not be used.
+func (c *cli) release(m *remutex.DistMutex) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := m.UnlockContext(ctx); err != nil {
+		c.errorf("releasing the lock: %v (it ends within its lease)", err)
+	}
+}
+
+// supervise runs cmd until it exits, passing signals on and stopping it if
+// the lease is lost. It returns the command's exit status and whether the
+// lease was lost meanwhile.
+func (c *cli) supervise(cmd *exec.Cmd, cfg runConfig, sigs <-chan os.Signal, lost <-chan struct{}) (status int, lostSeen bool) {
+	// On Linux the command dies with the thread that started it (see
+	// setDeathSignal): keep this goroutine on that thread for good, so that
+	// the thread lives as long as remutex does.
+	runtime.LockOSThread()
+	restore := prepare(cmd)
+	if err := cmd.Start(); err != nil {
+		restore()
+		c.errorf("%v", err)
+		if errors.Is(err, fs.ErrNotExist) {
+			return exitNotFound, false
+		}
+		return exitCannotRun, false
+	}
+	exited := make(chan struct{})
+	go func() {
+		_ = cmd.Wait() // the status is read from cmd.ProcessState
+		close(exited)
+	}()
+
+	var kill <-chan time.Time
+	for {
+		select {
+		case <-exited:
+			restore()
+			return exitStatus(cmd.ProcessState), lostSeen
+		case s := <-sigs:
+			signalCommand(cmd, s)
+		case <-lost:
+			lost, lostSeen = nil, true
+			c.errorf("lease of lock %q lost: sending SIGTERM to the command (SIGKILL in %v)", cfg.name, cfg.grace)
+			signalCommand(cmd, sigTerm)
+			t := time.NewTimer(cfg.grace)
+			defer t.Stop()
+			kill = t.C
+		case <-kill:
+			kill = nil
+			c.errorf("the command outlived --grace %v after the lease was lost: sending SIGKILL", cfg.grace)
+			signalCommand(cmd, sigKill)
+		}
+	}
+}
+
+// lastError keeps the last error the remutex Client reported (a retried
+// transient error, a lost lease), to explain a timeout.
+type lastError struct {
+	mu  sync.Mutex
+	err error
+}
+
+func (l *lastError) set(err error) {
+	l.mu.Lock()
+	l.err = err
+	l.mu.Unlock()
+}
+
+func (l *lastError) describe() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.err == nil {
+		return ""
+	}
+	return "; last error: " + l.err.Error()
+}
+
+// lineHandler writes the library's warnings as one short line each:
+// "remutex: renewal failed: locks=1 err=...". It leaves out the loss of the
+// lock, which run reports itself together with what it does about it.
+type lineHandler struct {
+	w     io.Writer
+	mu    *sync.Mutex
+	attrs []slog.Attr
+}
+
+func (h *lineHandler) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
+
+func (h *lineHandler) Handle(_ context.Context, r slog.Record) error {
+	if r.Message == "remutex: lock lost" {
+		return nil
+	}
+	var b strings.Builder
+	b.WriteString(r.Message)
+	sep := ": "
+	add := func(a slog.Attr) bool {
+		fmt.Fprintf(&b, "%s%s=%v", sep, a.Key, a.Value)
+		sep = " "
+		return true
+	}
+	for _, a := range h.attrs {
+		add(a)
+	}
+	r.Attrs(add)
+	b.WriteByte('\n')
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	_, err := io.WriteString(h.w, b.String())
+	return err
+}
+
+func (h *lineHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	return &lineHandler{w: h.w, mu: h.mu, attrs: append(append([]slog.Attr(nil), h.attrs...), as...)}
+}
+
+func (h *lineHandler) WithGroup(string) slog.Handler { return h }
+
+// signalNumber returns a signal's number, for the 128+N exit status.
+func signalNumber(s os.Signal) int {
+	if n, ok := s.(syscall.Signal); ok {
+		return int(n)
+	}
+	return 0
+}

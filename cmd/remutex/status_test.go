@@ -1,0 +1,83 @@
+//go:build unix
+
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestStatusJSON reads status --json for a held lock with a queued waiter, a
+// free lock and a key that is not a lock.
+func TestStatusJSON(t *testing.T) {
+	t.Parallel()
+	srv := sharedRedis(t)
+	held, free, str := lockName(t, "held"), lockName(t, "free"), lockName(t, "string")
+	holder, _, fence := holdLock(t, srv.addr(), held, "--lease", "5s")
+	waiter := start(t, cliEnv(), "", "--addr", srv.addr(), "run", held, "--", "true")
+	await(t, 10*time.Second, "the waiter to queue", func() bool { return lockState(t, srv.addr(), held).Queued == 1 })
+
+	code, stdout, stderr := run(t, cliEnv("REDIS_ADDR="+srv.addr()), "", "status", held, "--json", free)
+	if code != 0 {
+		t.Fatalf("exit status %d, want 0; stderr:\n%s", code, stderr)
+	}
+	var got []lockStatus
+	if err := json.Unmarshal([]byte(stdout), &got); err != nil {
+		t.Fatalf("status --json output is not a JSON array of locks: %v\n%s", err, stdout)
+	}
+	if len(got) != 2 {
+		t.Fatalf("got %d locks, want 2:\n%s", len(got), stdout)
+	}
+	h := got[0]
+	switch {
+	case h.Name != held || h.Key != "remutex:{"+held+"}" || !h.Held:
+		t.Errorf("held lock: name %q key %q held %v, want %q, %q, true", h.Name, h.Key, h.Held, held, "remutex:{"+held+"}")
+	case len(h.Holders) != 1 || h.Holders[0].Count != 1 || !regexp.MustCompile(`^[0-9a-f]{32}:\d+$`).MatchString(h.Holders[0].Owner):
+		t.Errorf("holders %+v, want one owner <client id>:<goroutine id> with count 1", h.Holders)
+	case h.TTLMillis <= 0 || h.TTLMillis > 5000:
+		t.Errorf("ttl_ms %d, want within the 5s lease", h.TTLMillis)
+	case h.Fence != fence:
+		t.Errorf("fence %d, want the holder's token %d", h.Fence, fence)
+	case h.Queued != 1 || h.Subscribers != 1:
+		t.Errorf("queued %d, subscribers %d; want 1 and 1 (the waiting run)", h.Queued, h.Subscribers)
+	}
+	f := got[1]
+	if f.Name != free || f.Held || len(f.Holders) != 0 || f.TTLMillis != 0 || f.Fence != 0 || f.Queued != 0 || f.Error != "" {
+		t.Errorf("free lock: got %+v, want not held, no holders, ttl 0, fence 0, nothing queued", f)
+	}
+	if !strings.Contains(stdout, `"holders": []`) {
+		t.Errorf("a free lock's holders should be an empty array, not null:\n%s", stdout)
+	}
+
+	// The table for people shows the same.
+	code, stdout, _ = run(t, cliEnv(), "", "status", "--addr", srv.addr(), held, free)
+	lines := strings.Split(strings.TrimSpace(stdout), "\n")
+	if code != 0 || len(lines) != 3 || !strings.HasPrefix(lines[0], "NAME") ||
+		!strings.Contains(lines[1], "held") || !strings.Contains(lines[1], h.Holders[0].Owner) || !strings.Contains(lines[2], "free") {
+		t.Errorf("status: exit %d, output:\n%s", code, stdout)
+	}
+
+	// A key of another type under a lock's name is reported, and untouched.
+	rdb := rdbFor(t, srv.addr())
+	if err := rdb.Set(context.Background(), "remutex:{"+str+"}", "data", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	code, stdout, stderr = run(t, cliEnv(), "", "--addr", srv.addr(), "status", "--json", str)
+	if code != exitRedis || !strings.Contains(stdout, `"error": "key remutex:{`+str+`} holds a string, not a remutex lock"`) || !strings.Contains(stderr, "not a remutex lock") {
+		t.Errorf("string key: exit %d, want %d; stdout:\n%s\nstderr:\n%s", code, exitRedis, stdout, stderr)
+	}
+	if v, err := rdb.Get(context.Background(), "remutex:{"+str+"}").Result(); err != nil || v != "data" {
+		t.Errorf("string key now %q (%v), want it untouched", v, err)
+	}
+
+	holder.signal(syscall.SIGTERM)
+	holder.wait(30 * time.Second)
+	if code := waiter.wait(30 * time.Second); code != 0 {
+		t.Errorf("waiter: exit status %d, want 0; stderr:\n%s", code, waiter.stderr())
+	}
+}
