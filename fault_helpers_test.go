@@ -753,6 +753,7 @@ func startFaultChild(t testing.TB, cfg faultChildConfig) *faultChild {
 	t.Helper()
 	c := &faultChild{cfg: cfg, exited: make(chan struct{}), kick: make(chan struct{}, 1)}
 	c.cmd = exec.Command(os.Args[0], "-test.run=^TestFaultChild$", "-test.count=1")
+	dieWithParent(c.cmd)
 	c.cmd.Env = append(os.Environ(), cfg.env()...)
 	c.cmd.Stderr = &c.stderr
 	var err error

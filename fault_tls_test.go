@@ -117,6 +117,7 @@ func startFaultTLSServer(t testing.TB, ca *faultCA) string {
 			"--tls-ca-cert-file", filepath.Join(dir, "ca.crt"),
 			"--tls-auth-clients", "no",
 			"--save", "", "--appendonly", "no", "--dir", dir)
+		dieWithParent(cmd)
 		var out faultLogBuffer
 		cmd.Stdout, cmd.Stderr = &out, &out
 		if err := cmd.Start(); err != nil {

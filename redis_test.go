@@ -1,9 +1,13 @@
 package remutex
 
 import (
+	"bufio"
 	"context"
+	"crypto/sha1"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"os/exec"
@@ -25,6 +29,9 @@ import (
 // unless REMUTEX_REQUIRE_REDIS=1, when they fail.
 
 func TestMain(m *testing.M) {
+	if os.Getenv(childHolderEnv) != "" {
+		os.Exit(runChildHolder())
+	}
 	code := m.Run()
 	sharedServer.stop()
 	if code == 0 {
@@ -108,6 +115,7 @@ func (s *redisServer) start() error {
 		"--save", "", "--appendonly", "no", "--dir", s.dir,
 	}, s.args...)
 	cmd := exec.Command(s.bin, args...)
+	dieWithParent(cmd)
 	var out strings.Builder
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
@@ -260,8 +268,14 @@ func (b *backend) rdb(t testing.TB, opts ...func(*redis.Options)) *redis.Client 
 // end of the test (before its pool).
 func (b *backend) client(t testing.TB, opts ...Option) *Client {
 	t.Helper()
-	rdb := b.rdb(t)
-	c := NewClient(rdb, opts...)
+	return clientOn(t, b.rdb(t), opts...)
+}
+
+// clientOn returns a remutex Client on rdb that logs to the test's log,
+// closed at the end of the test. opts may override the logger.
+func clientOn(t testing.TB, rdb redis.UniversalClient, opts ...Option) *Client {
+	t.Helper()
+	c := NewClient(rdb, append([]Option{WithLogger(testLogger(t))}, opts...)...)
 	t.Cleanup(func() {
 		if err := c.Close(); err != nil && !errors.Is(err, ErrClosed) {
 			t.Errorf("Close: %v", err)
@@ -270,8 +284,435 @@ func (b *backend) client(t testing.TB, opts ...Option) *Client {
 	return c
 }
 
+// testLogger writes records of level Info and above to the test's log.
+func testLogger(t testing.TB) *slog.Logger {
+	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+}
+
+type testWriter struct{ t testing.TB }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSuffix(string(p), "\n"))
+	return len(p), nil
+}
+
 // lockName returns a lock name unique to the test, so tests on the shared
 // server never meet each other's keys.
 func lockName(t testing.TB) string {
 	return strings.NewReplacer("/", ".", " ", "_").Replace(t.Name()) + "." + strconv.FormatInt(time.Now().UnixNano(), 36)
+}
+
+// eachFreshBackend is eachBackend with a redis-server of the test's own
+// instead of the shared one, for tests that restart or reconfigure it.
+func eachFreshBackend(t *testing.T, f func(t *testing.T, b *backend), extra ...string) {
+	t.Helper()
+	t.Run("miniredis", func(t *testing.T) {
+		mr := miniredis.RunT(t)
+		f(t, &backend{name: "miniredis", addr: mr.Addr(), mr: mr})
+	})
+	t.Run("redis-server", func(t *testing.T) {
+		srv := startRedisServer(t, extra...)
+		f(t, &backend{name: "redis-server", addr: srv.Addr(), srv: srv})
+	})
+}
+
+// restart loses every key, as a restart without persistence does. miniredis
+// is closed, flushed and started again on the same address.
+func (b *backend) restart(t testing.TB) {
+	t.Helper()
+	if b.real() {
+		b.srv.restart(t)
+		return
+	}
+	b.mr.Close()
+	b.mr.FlushAll()
+	if err := b.mr.Restart(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// fastForward makes d pass for the TTLs of miniredis, whose keys do not
+// expire in real time; on a real server it does nothing (time passes there
+// by itself).
+func (b *backend) fastForward(d time.Duration) {
+	if b.mr != nil {
+		b.mr.FastForward(d)
+	}
+}
+
+// elapse lets d of real time pass, and as much of miniredis's TTL time.
+func (b *backend) elapse(d time.Duration) {
+	time.Sleep(d)
+	b.fastForward(d)
+}
+
+// hangGuard bounds every wait for an event: it only turns a hang into a
+// failure and is never a performance target.
+const hangGuard = 20 * time.Second
+
+// await receives from ch, failing the test if nothing comes within hangGuard.
+func await[T any](t testing.TB, ch <-chan T, what string) T {
+	t.Helper()
+	timer := time.NewTimer(hangGuard)
+	defer timer.Stop()
+	select {
+	case v := <-ch:
+		return v
+	case <-timer.C:
+		t.Fatalf("got nothing after %v, want %s", hangGuard, what)
+		panic("unreachable")
+	}
+}
+
+// waitFor polls cond until it holds, failing the test after hangGuard.
+func waitFor(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(hangGuard)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("condition still false after %v, want %s", hangGuard, what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// isClosed reports whether ch is closed, without waiting.
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+// lockKeyNames are the keys and channel of a lock under the default prefix.
+type lockKeyNames struct {
+	hash, fence, queue, alive, channel string
+}
+
+func keysOf(name string) lockKeyNames {
+	h := DefaultKeyPrefix + "{" + name + "}"
+	return lockKeyNames{hash: h, fence: h + ":fence", queue: h + ":queue", alive: h + ":queue:alive", channel: h + ":released"}
+}
+
+// hookFuncs is a go-redis hook made of optional functions; a nil one passes
+// calls through.
+type hookFuncs struct {
+	dial     func(ctx context.Context, network, addr string, next redis.DialHook) (net.Conn, error)
+	process  func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error
+	pipeline func(ctx context.Context, cmds []redis.Cmder, next redis.ProcessPipelineHook) error
+}
+
+func (h hookFuncs) DialHook(next redis.DialHook) redis.DialHook {
+	if h.dial == nil {
+		return next
+	}
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		return h.dial(ctx, network, addr, next)
+	}
+}
+
+func (h hookFuncs) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	if h.process == nil {
+		return next
+	}
+	return func(ctx context.Context, cmd redis.Cmder) error { return h.process(ctx, cmd, next) }
+}
+
+func (h hookFuncs) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	if h.pipeline == nil {
+		return next
+	}
+	return func(ctx context.Context, cmds []redis.Cmder) error { return h.pipeline(ctx, cmds, next) }
+}
+
+// commandCounter is a hook that counts dials and commands (pipelined ones
+// one by one).
+type commandCounter struct {
+	mu    sync.Mutex
+	dials int
+	cmds  []string
+}
+
+func (c *commandCounter) hook() redis.Hook {
+	return hookFuncs{
+		dial: func(ctx context.Context, network, addr string, next redis.DialHook) (net.Conn, error) {
+			c.mu.Lock()
+			c.dials++
+			c.mu.Unlock()
+			return next(ctx, network, addr)
+		},
+		process: func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
+			c.mu.Lock()
+			c.cmds = append(c.cmds, cmd.Name())
+			c.mu.Unlock()
+			return next(ctx, cmd)
+		},
+		pipeline: func(ctx context.Context, cmds []redis.Cmder, next redis.ProcessPipelineHook) error {
+			c.mu.Lock()
+			for _, cmd := range cmds {
+				c.cmds = append(c.cmds, cmd.Name())
+			}
+			c.mu.Unlock()
+			return next(ctx, cmds)
+		},
+	}
+}
+
+// counts returns the dials and the commands seen so far.
+func (c *commandCounter) counts() (dials int, cmds []string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.dials, append([]string(nil), c.cmds...)
+}
+
+// scriptNames maps the SHA1 of each of the library's scripts to its name.
+var scriptNames = map[string]string{
+	acquireScript.Hash(): "acquire",
+	enqueueScript.Hash(): "enqueue",
+	releaseScript.Hash(): "release",
+	leaveScript.Hash():   "leave",
+	renewScript.Hash():   "renew",
+}
+
+// scriptCall reports which of the library's scripts cmd runs (EVALSHA or
+// EVAL) and the keys it passes; name is "" for any other command.
+func scriptCall(cmd redis.Cmder) (name string, keys []string) {
+	args := cmd.Args()
+	if len(args) < 3 {
+		return "", nil
+	}
+	switch strings.ToLower(fmt.Sprint(args[0])) {
+	case "evalsha":
+		name = scriptNames[fmt.Sprint(args[1])]
+	case "eval":
+		sum := sha1.Sum([]byte(fmt.Sprint(args[1])))
+		name = scriptNames[hex.EncodeToString(sum[:])]
+	}
+	if name == "" {
+		return "", nil
+	}
+	n, err := strconv.Atoi(fmt.Sprint(args[2]))
+	if err != nil || 3+n > len(args) {
+		return name, nil
+	}
+	for _, k := range args[3 : 3+n] {
+		keys = append(keys, fmt.Sprint(k))
+	}
+	return name, keys
+}
+
+// tcpProxy passes bytes between its clients and a Redis server on 127.0.0.1
+// until it is paused: then it holds every byte it reads, as a network that
+// stopped delivering does, without closing any connection.
+type tcpProxy struct {
+	ln     net.Listener
+	target string
+
+	mu     sync.Mutex
+	paused bool
+	gate   chan struct{} // closed while passing bytes
+	closed bool
+	conns  map[net.Conn]struct{}
+	wg     sync.WaitGroup
+}
+
+// startProxy starts a proxy in front of target, closed at the end of the
+// test (after the cleanups registered later, such as the clients using it).
+func startProxy(t testing.TB, target string) *tcpProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &tcpProxy{ln: ln, target: target, gate: make(chan struct{}), conns: map[net.Conn]struct{}{}}
+	close(p.gate)
+	p.wg.Add(1)
+	go p.accept()
+	t.Cleanup(p.close)
+	return p
+}
+
+func (p *tcpProxy) Addr() string { return p.ln.Addr().String() }
+
+// pause stops passing bytes; resume passes them again, those held first.
+func (p *tcpProxy) pause() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.paused {
+		p.paused = true
+		p.gate = make(chan struct{})
+	}
+}
+
+func (p *tcpProxy) resume() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.paused {
+		p.paused = false
+		close(p.gate)
+	}
+}
+
+func (p *tcpProxy) close() {
+	p.mu.Lock()
+	p.closed = true
+	_ = p.ln.Close()
+	for c := range p.conns {
+		_ = c.Close()
+	}
+	p.mu.Unlock()
+	p.resume()
+	p.wg.Wait()
+}
+
+// track registers c for closing; false if the proxy is closed already.
+func (p *tcpProxy) track(c net.Conn) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		_ = c.Close()
+		return false
+	}
+	p.conns[c] = struct{}{}
+	return true
+}
+
+func (p *tcpProxy) accept() {
+	defer p.wg.Done()
+	for {
+		down, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		up, err := net.Dial("tcp", p.target)
+		if err != nil {
+			_ = down.Close()
+			continue
+		}
+		if !p.track(down) || !p.track(up) {
+			_ = down.Close()
+			_ = up.Close()
+			return
+		}
+		p.wg.Add(2)
+		go p.pump(down, up)
+		go p.pump(up, down)
+	}
+}
+
+// pump copies src to dst, waiting at the gate before every write.
+func (p *tcpProxy) pump(src, dst net.Conn) {
+	defer p.wg.Done()
+	defer func() { _ = src.Close(); _ = dst.Close() }()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			p.mu.Lock()
+			gate := p.gate
+			p.mu.Unlock()
+			<-gate
+			p.mu.Lock()
+			closed := p.closed
+			p.mu.Unlock()
+			if closed {
+				return
+			}
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// childHolderEnv, when set, makes the test binary a lock holder process (see
+// runChildHolder) instead of running tests: holders that must die or pause
+// are child processes.
+const childHolderEnv = "REMUTEX_TEST_CHILD_HOLDER"
+
+// runChildHolder locks the lock named by the environment (WithFencing) and
+// prints "locked <fence>"; when the hold is lost it unlocks and prints
+// "lost <whether UnlockContext reported ErrLockLost>".
+func runChildHolder() int {
+	lease, err := time.ParseDuration(os.Getenv("REMUTEX_TEST_CHILD_LEASE"))
+	if err != nil {
+		fmt.Println("error", err)
+		return 2
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("REMUTEX_TEST_CHILD_ADDR")})
+	defer rdb.Close()
+	c := NewClient(rdb, WithLogger(slog.New(slog.DiscardHandler)))
+	defer c.Close()
+	m := c.NewMutex(os.Getenv(childHolderEnv), WithLease(lease), WithFencing())
+	if err := m.LockContext(context.Background()); err != nil {
+		fmt.Println("error", err)
+		return 1
+	}
+	fmt.Printf("locked %d\n", m.Fence())
+	<-m.Lost()
+	err = m.UnlockContext(context.Background())
+	fmt.Printf("lost %v\n", errors.Is(err, ErrLockLost))
+	return 0
+}
+
+// childHolder is a test binary re-executed as a lock holder.
+type childHolder struct {
+	cmd   *exec.Cmd
+	lines chan string // its output, line by line
+	exit  chan struct{}
+}
+
+// startChildHolder starts a process that holds lock name on the Redis at
+// addr with the given lease; it is killed at the end of the test.
+func startChildHolder(t testing.TB, addr, name string, lease time.Duration) *childHolder {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(exe, "-test.run=^$")
+	cmd.Env = append(os.Environ(), childHolderEnv+"="+name, "REMUTEX_TEST_CHILD_ADDR="+addr, "REMUTEX_TEST_CHILD_LEASE="+lease.String())
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	ch := &childHolder{cmd: cmd, lines: make(chan string, 16), exit: make(chan struct{})}
+	go func() {
+		defer close(ch.exit)
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			ch.lines <- sc.Text()
+		}
+		_ = cmd.Wait()
+	}()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGCONT)
+		_ = cmd.Process.Kill()
+		<-ch.exit
+	})
+	return ch
+}
+
+// signal sends sig to the child.
+func (ch *childHolder) signal(t testing.TB, sig syscall.Signal) {
+	t.Helper()
+	if err := ch.cmd.Process.Signal(sig); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// kill kills the child and waits until it is gone.
+func (ch *childHolder) kill(t testing.TB) {
+	t.Helper()
+	ch.signal(t, syscall.SIGKILL)
+	await(t, ch.exit, "the child to exit")
 }

@@ -1,0 +1,513 @@
+package remutex
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// Waiting: release messages, the hand-off queue in Redis (starvation mode),
+// waiting without a message, and giving up.
+
+// watchdogHolds returns how many holds c's watchdog renews.
+func watchdogHolds(c *Client) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.wd.holds)
+}
+
+// serverMillis returns the server's clock in milliseconds (TIME).
+func serverMillis(t testing.TB, rdb *redis.Client) int64 {
+	t.Helper()
+	now, err := rdb.Time(context.Background()).Result()
+	require.NoError(t, err)
+	return now.UnixMilli()
+}
+
+// queueEntry is the form of an entry of a lock's queue:
+// <claim ms>:<fencing 0|1>:<wait id>:<owner token>.
+var queueEntry = regexp.MustCompile(`^(\d+):([01]):(\d+):([0-9a-f]{32}):(\d+)$`)
+
+func TestReleasePublishes(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		name := lockName(t)
+		k := keysOf(name)
+		ctx := context.Background()
+		rdb := b.rdb(t)
+		ps := rdb.Subscribe(ctx, k.channel)
+		t.Cleanup(func() { _ = ps.Close() })
+		_, err := ps.Receive(ctx) // the subscription's confirmation
+		require.NoError(t, err)
+		msgs := ps.Channel()
+
+		m := b.client(t).NewMutex(name)
+		m.Lock()
+		m.Lock()
+		m.Unlock()
+		// A marker published now arrives before anything the final Unlock
+		// publishes, and after anything the nested Unlock published.
+		require.NoError(t, rdb.Publish(ctx, k.channel, "marker").Err())
+		m.Unlock()
+		assert.Equal(t, "marker", await(t, msgs, "the marker").Payload, "first message: the nested Unlock must not publish")
+		assert.Equal(t, "r", await(t, msgs, "the release message").Payload, "message of the final Unlock")
+	})
+}
+
+// TestQueueGrantsInOrder: waiters that wait long enough join the queue in
+// Redis, each with a liveness deadline they refresh, and the lock is handed to
+// them in arrival order, within one Client and across Clients.
+func TestQueueGrantsInOrder(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		for _, tc := range []struct {
+			name    string
+			clients int
+		}{{"one client", 1}, {"four clients", 4}} {
+			t.Run(tc.name, func(t *testing.T) {
+				name := lockName(t)
+				k := keysOf(name)
+				ctx := context.Background()
+				rdb := b.rdb(t)
+				holder := b.client(t).NewMutex(name)
+				holder.Lock()
+				var clients []*Client
+				for i := 0; i < tc.clients; i++ {
+					clients = append(clients, b.client(t))
+				}
+
+				const n = 4
+				got := make(chan int, n)
+				errc := make(chan error, n)
+				release := make([]chan struct{}, n)
+				wctx, cancel := context.WithCancel(ctx)
+				var wg sync.WaitGroup
+				t.Cleanup(func() {
+					cancel()
+					for _, r := range release {
+						select {
+						case <-r:
+						default:
+							close(r)
+						}
+					}
+					wg.Wait()
+				})
+				for i := 0; i < n; i++ {
+					release[i] = make(chan struct{})
+					m := clients[i%tc.clients].NewMutex(name)
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						if err := m.LockContext(wctx); err != nil {
+							errc <- err
+							return
+						}
+						got <- i
+						<-release[i]
+						m.Unlock()
+					}()
+					waitFor(t, fmt.Sprintf("waiter %d in the queue", i), func() bool { return rdb.ZCard(ctx, k.queue).Val() == int64(i+1) })
+				}
+
+				// The queue: entries in arrival order, naming their owners, each
+				// with a liveness deadline in the future on the server's clock.
+				entries, err := rdb.ZRange(ctx, k.queue, 0, -1).Result()
+				require.NoError(t, err)
+				require.Len(t, entries, n)
+				now := serverMillis(t, rdb)
+				for i, e := range entries {
+					parts := queueEntry.FindStringSubmatch(e)
+					if assert.NotNil(t, parts, "queue entry %q: want <claim ms>:<0|1>:<wait id>:<owner>", e) {
+						assert.Equal(t, clients[i%tc.clients].id, parts[4], "owner's client of queue entry %d", i)
+					}
+					deadline, err := rdb.ZScore(ctx, k.alive, e).Result()
+					if assert.NoError(t, err, "liveness deadline of entry %d", i) {
+						assert.Greater(t, int64(deadline), now, "liveness deadline of entry %d vs server time", i)
+					}
+				}
+				// The head refreshes its deadline while it waits.
+				first := rdb.ZScore(ctx, k.alive, entries[0]).Val()
+				waitFor(t, "the head's liveness deadline to move on", func() bool { return rdb.ZScore(ctx, k.alive, entries[0]).Val() > first })
+
+				holder.Unlock()
+				for want := 0; want < n; want++ {
+					select {
+					case i := <-got:
+						require.Equal(t, want, i, "waiter granted the lock")
+						close(release[i])
+					case err := <-errc:
+						t.Fatalf("waiter: %v", err)
+					case <-time.After(hangGuard):
+						t.Fatalf("got no grant after %v, want waiter %d", hangGuard, want)
+					}
+				}
+				wg.Wait()
+				assert.Equal(t, int64(0), rdb.Exists(ctx, k.hash, k.queue, k.alive).Val(), "keys left behind")
+			})
+		}
+	})
+}
+
+// TestTryLockDoesNotBarge: while waiters are queued, TryLock of a free lock
+// fails (the lock goes to the queue's head) and leaves nothing behind.
+func TestTryLockDoesNotBarge(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		name := lockName(t)
+		k := keysOf(name)
+		ctx := context.Background()
+		rdb := b.rdb(t)
+		holder := b.client(t).NewMutex(name, WithLease(600*time.Millisecond))
+		holder.Lock()
+		holderLost := holder.Lost()
+		wc := b.client(t)
+		w := goLock(t, wc.NewMutex(name))
+		waitFor(t, "the waiter in the queue", func() bool { return rdb.ZCard(ctx, k.queue).Val() == 1 })
+
+		// The holder's key vanishes without a release message: the lock is free
+		// but a waiter is queued.
+		require.NoError(t, rdb.Del(ctx, k.hash).Err())
+		bc := b.client(t)
+		barger := bc.NewMutex(name)
+		assert.False(t, barger.TryLock(), "TryLock with a waiter queued: got true, want false")
+		ok, err := barger.TryLockContext(ctx)
+		assert.False(t, ok, "TryLockContext with a waiter queued: got true, want false")
+		assert.NoError(t, err)
+		assert.Equal(t, 0, barger.HoldCount())
+
+		require.NoError(t, await(t, w.locked, "the queued waiter to get the lock"))
+		for _, e := range rdb.ZRange(ctx, k.queue, 0, -1).Val() {
+			assert.NotContains(t, e, bc.id, "queue entry of the TryLock caller")
+		}
+		fields := rdb.HKeys(ctx, k.hash).Val()
+		if assert.Len(t, fields, 1, "holds in Redis") {
+			assert.True(t, strings.HasPrefix(fields[0], wc.id+":"), "holder in Redis: got %s, want the waiter's client %s", fields[0], wc.id)
+		}
+		assert.Equal(t, 0, watchdogHolds(bc), "holds renewed by the TryLock caller's Client")
+
+		await(t, holderLost, "the old holder's Lost to close")
+		assert.ErrorIs(t, holder.UnlockContext(ctx), ErrLockLost)
+		w.release()
+		require.NoError(t, await(t, w.unlocked, "the waiter to unlock"))
+	})
+}
+
+// TestWaiterGetsInWithoutReleaseMessage: a lock that ends without a release
+// message (its key deleted behind the holder's back, or its fixed lease run
+// out) still goes to a waiter.
+func TestWaiterGetsInWithoutReleaseMessage(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		const fixed = 300 * time.Millisecond
+		for _, tc := range []struct {
+			name   string
+			opts   []MutexOption
+			vanish func(t *testing.T, rdb *redis.Client, k lockKeyNames)
+		}{
+			{
+				name: "key deleted",
+				opts: []MutexOption{WithLease(3 * time.Second)},
+				vanish: func(t *testing.T, rdb *redis.Client, k lockKeyNames) {
+					require.NoError(t, rdb.Del(context.Background(), k.hash).Err())
+				},
+			},
+			{
+				name:   "lease run out",
+				opts:   []MutexOption{WithLease(fixed), WithoutRenewal()},
+				vanish: func(t *testing.T, rdb *redis.Client, k lockKeyNames) { b.fastForward(fixed) },
+			},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				name := lockName(t)
+				k := keysOf(name)
+				ctx := context.Background()
+				rdb := b.rdb(t)
+				holder := b.client(t).NewMutex(name, tc.opts...)
+				holder.Lock()
+				lost := holder.Lost()
+				w := goLock(t, b.client(t).NewMutex(name))
+				waitFor(t, "the waiter in the queue", func() bool { return rdb.ZCard(ctx, k.queue).Val() == 1 })
+				tc.vanish(t, rdb, k)
+
+				require.NoError(t, await(t, w.locked, "the waiter to get the lock"))
+				await(t, lost, "the holder's Lost to close")
+				assert.ErrorIs(t, holder.UnlockContext(ctx), ErrLockLost)
+				w.release()
+				require.NoError(t, await(t, w.unlocked, "the waiter to unlock"))
+			})
+		}
+	})
+}
+
+// TestDeadQueueEntry: a queue entry whose waiter is gone delays the lock at
+// most by its claim window: skipped once its liveness deadline passed, and
+// granted only a claim lease (not the full lease) while it still looked alive.
+func TestDeadQueueEntry(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		const claim = time.Second
+		for _, tc := range []struct {
+			name     string
+			liveness time.Duration // the dead entry's deadline, from now
+		}{{"liveness deadline passed", -time.Second}, {"liveness deadline ahead", 10 * time.Second}} {
+			t.Run(tc.name, func(t *testing.T) {
+				name := lockName(t)
+				k := keysOf(name)
+				ctx := context.Background()
+				rdb := b.rdb(t)
+				holder := b.client(t).NewMutex(name)
+				holder.Lock()
+
+				deadOwner := strings.Repeat("d", 32) + ":1"
+				dead := fmt.Sprintf("%d:0:1:%s", claim.Milliseconds(), deadOwner)
+				now := serverMillis(t, rdb)
+				require.NoError(t, rdb.ZAdd(ctx, k.queue, redis.Z{Score: 1, Member: dead}).Err()) // the earliest arrival
+				require.NoError(t, rdb.ZAdd(ctx, k.alive, redis.Z{Score: float64(now + tc.liveness.Milliseconds()), Member: dead}).Err())
+
+				wc := b.client(t)
+				w := goLock(t, wc.NewMutex(name))
+				waitFor(t, "the waiter in the queue", func() bool {
+					for _, e := range rdb.ZRange(ctx, k.queue, 0, -1).Val() {
+						if strings.Contains(e, wc.id) {
+							return true
+						}
+					}
+					return false
+				})
+				holder.Unlock()
+
+				if tc.liveness > 0 {
+					// Granted to the dead entry, for its claim window only.
+					assert.Equal(t, []string{deadOwner}, rdb.HKeys(ctx, k.hash).Val(), "holder in Redis after the release")
+					pttl := rdb.PTTL(ctx, k.hash).Val()
+					assert.True(t, pttl > 0 && pttl <= claim, "PTTL of a grant to a dead entry: got %v, want (0, %v]", pttl, claim)
+					b.fastForward(claim)
+				}
+				require.NoError(t, await(t, w.locked, "the live waiter to get the lock"))
+				fields := rdb.HKeys(ctx, k.hash).Val()
+				if assert.Len(t, fields, 1) {
+					assert.True(t, strings.HasPrefix(fields[0], wc.id+":"), "holder in Redis: got %s, want the waiter's client %s", fields[0], wc.id)
+				}
+				w.release()
+				require.NoError(t, await(t, w.unlocked, "the waiter to unlock"))
+				assert.Equal(t, int64(0), rdb.Exists(ctx, k.hash, k.queue, k.alive).Val(), "keys left behind")
+			})
+		}
+	})
+}
+
+// TestGiveUpLeavesNothing: a LockContext that ends by its context while
+// queued leaves no hold, no queue entry, no renewal and (once it lingered
+// out) no subscription.
+func TestGiveUpLeavesNothing(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		for _, tc := range []struct {
+			name    string
+			timeout time.Duration // 0: cancelled once queued
+			want    error
+		}{{"cancelled", 0, context.Canceled}, {"deadline", 400 * time.Millisecond, context.DeadlineExceeded}} {
+			t.Run(tc.name, func(t *testing.T) {
+				name := lockName(t)
+				k := keysOf(name)
+				ctx := context.Background()
+				rdb := b.rdb(t)
+				hc := b.client(t)
+				holder := hc.NewMutex(name)
+				holder.Lock()
+
+				enqueued := make(chan struct{}, 1)
+				wrdb := b.rdb(t)
+				wrdb.AddHook(hookFuncs{process: func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
+					err := next(ctx, cmd)
+					if s, _ := scriptCall(cmd); s == "enqueue" && err == nil {
+						select {
+						case enqueued <- struct{}{}:
+						default:
+						}
+					}
+					return err
+				}})
+				wc := clientOn(t, wrdb)
+				wm := wc.NewMutex(name)
+				wctx, cancel := context.WithCancel(ctx)
+				defer cancel()
+				if tc.timeout > 0 {
+					wctx, cancel = context.WithTimeout(wctx, tc.timeout)
+					defer cancel()
+				}
+				type outcome struct {
+					err   error
+					count int
+					lost  bool
+				}
+				res := make(chan outcome, 1)
+				go func() {
+					err := wm.LockContext(wctx)
+					res <- outcome{err, wm.HoldCount(), isClosed(wm.Lost())}
+				}()
+				await(t, enqueued, "the waiter to join the queue")
+				if tc.timeout == 0 {
+					cancel()
+				}
+				r := await(t, res, "LockContext to give up")
+				assert.ErrorIs(t, r.err, tc.want)
+				if r.err != nil {
+					assert.Contains(t, r.err.Error(), name, "the error names the lock")
+				}
+				assert.Equal(t, outcome{r.err, 0, true}, r, "HoldCount and Lost after giving up")
+
+				assert.Equal(t, int64(0), rdb.Exists(ctx, k.queue, k.alive).Val(), "queue keys after giving up")
+				fields := rdb.HKeys(ctx, k.hash).Val()
+				if assert.Len(t, fields, 1, "holds in Redis") {
+					assert.True(t, strings.HasPrefix(fields[0], hc.id+":"), "holder in Redis: got %s, want the holder's client", fields[0])
+				}
+				assert.Equal(t, 0, watchdogHolds(wc), "holds renewed by the waiter's Client")
+				waitFor(t, "no subscriber left on "+k.channel, func() bool { return numSub(t, rdb, k.channel) == 0 })
+
+				// Nothing was granted to the waiter that left: the lock is free
+				// once its holder unlocks.
+				holder.Unlock()
+				assert.Equal(t, int64(0), rdb.Exists(ctx, k.hash).Val(), "key after the holder's Unlock")
+				other := b.client(t).NewMutex(name)
+				require.True(t, other.TryLock(), "TryLock after everyone left: got false, want true")
+				other.Unlock()
+			})
+		}
+	})
+}
+
+// TestGiveUpReleasesGrant: a queued waiter that gives up just as the queue
+// grants it the lock releases that grant when it leaves, instead of
+// blocking the lock for a claim window. The grant message and the waiter's
+// refreshes are held back (a paused proxy, a hook) so that the waiter sees
+// its context end first.
+func TestGiveUpReleasesGrant(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		name := lockName(t)
+		k := keysOf(name)
+		ctx := context.Background()
+		rdb := b.rdb(t)
+		holder := b.client(t).NewMutex(name)
+		holder.Lock()
+
+		p := startProxy(t, b.addr)
+		var holdRefresh sync.Once
+		holding := make(chan struct{})
+		enqueued := make(chan struct{}, 1)
+		leaving := make(chan struct{}, 1)
+		wrdb := redis.NewClient(&redis.Options{Addr: p.Addr()})
+		t.Cleanup(func() { _ = wrdb.Close() })
+		wrdb.AddHook(hookFuncs{process: func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
+			switch s, _ := scriptCall(cmd); s {
+			case "enqueue":
+				select {
+				case <-holding:
+					<-ctx.Done() // a refresh that does not get through
+					cmd.SetErr(ctx.Err())
+					return ctx.Err()
+				default:
+				}
+				err := next(ctx, cmd)
+				if err == nil {
+					select {
+					case enqueued <- struct{}{}:
+					default:
+					}
+				}
+				return err
+			case "leave":
+				select {
+				case leaving <- struct{}{}:
+				default:
+				}
+			}
+			return next(ctx, cmd)
+		}})
+		wc := clientOn(t, wrdb)
+		t.Cleanup(p.resume) // before the Client closes
+		wm := wc.NewMutex(name)
+		wctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		res := make(chan error, 1)
+		go func() { res <- wm.LockContext(wctx) }()
+
+		await(t, enqueued, "the waiter to join the queue")
+		holdRefresh.Do(func() { close(holding) })
+		p.pause()
+		holder.Unlock()
+		fields := rdb.HKeys(ctx, k.hash).Val()
+		require.Len(t, fields, 1, "holds in Redis after the release")
+		require.True(t, strings.HasPrefix(fields[0], wc.id+":"), "holder in Redis: got %s, want the waiter's client", fields[0])
+
+		cancel()
+		await(t, leaving, "the waiter to leave the queue")
+		p.resume()
+		assert.ErrorIs(t, await(t, res, "LockContext to give up"), context.Canceled)
+		assert.Equal(t, int64(0), rdb.Exists(ctx, k.hash, k.queue, k.alive).Val(), "keys after the waiter left")
+		assert.Equal(t, 0, watchdogHolds(wc), "holds renewed by the waiter's Client")
+	})
+}
+
+// recordingHandler is a slog handler that keeps the messages of the records
+// it gets.
+type recordingHandler struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (h *recordingHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h *recordingHandler) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h *recordingHandler) WithGroup(string) slog.Handler            { return h }
+func (h *recordingHandler) Handle(_ context.Context, r slog.Record) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.msgs = append(h.msgs, r.Message)
+	return nil
+}
+
+func (h *recordingHandler) count(substr string) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := 0
+	for _, m := range h.msgs {
+		if strings.Contains(m, substr) {
+			n++
+		}
+	}
+	return n
+}
+
+// TestSubscribeDenied: a Client whose user may not SUBSCRIBE (ACL) still gets
+// the lock after a release, and logs the fallback once. Only on the real
+// server: miniredis does not enforce ACL command permissions.
+func TestSubscribeDenied(t *testing.T) {
+	srv := sharedServer.get(t)
+	b := &backend{name: "redis-server", addr: srv.Addr(), srv: srv}
+	name := lockName(t)
+	k := keysOf(name)
+	ctx := context.Background()
+	admin := b.rdb(t)
+	user := "nosub-" + strings.ReplaceAll(name, ".", "-")
+	require.NoError(t, admin.Do(ctx, "acl", "setuser", user, "on", ">pw", "~*", "&*", "+@all", "-subscribe", "-ssubscribe", "-psubscribe").Err())
+	t.Cleanup(func() { admin.Do(context.Background(), "acl", "deluser", user) })
+
+	rec := &recordingHandler{}
+	wrdb := b.rdb(t, func(o *redis.Options) { o.Username, o.Password = user, "pw" })
+	wc := clientOn(t, wrdb, WithLogger(slog.New(rec)))
+	holder := b.client(t).NewMutex(name)
+	for round := 0; round < 2; round++ {
+		holder.Lock()
+		w := goLock(t, wc.NewMutex(name))
+		waitFor(t, "the waiter in the queue", func() bool { return admin.ZCard(ctx, k.queue).Val() == 1 })
+		holder.Unlock()
+		require.NoError(t, await(t, w.locked, "the waiter to get the lock"), "round %d", round)
+		w.release()
+		require.NoError(t, await(t, w.unlocked, "the waiter to unlock"), "round %d", round)
+	}
+	assert.Equal(t, 1, rec.count("SUBSCRIBE denied"), "log records of the fallback to polling")
+}
