@@ -86,8 +86,8 @@ const (
 	releaseHandoff = 2 // release: freed and handed to the queue's head
 )
 
-// markerTTL is how long the marker of a final release lives: long enough to
-// cover go-redis resending the release after a reconnect.
+// markerTTL is how long the markers of final releases live after the latest
+// one: long enough to cover go-redis resending a release after a reconnect.
 const markerTTL = "10000"
 
 // keyCount is the number of keys every lock script receives, as a string so

@@ -452,9 +452,12 @@ func (m *DistMutex) gid() int64 {
 
 func (m *DistMutex) wrap(err error) error { return lockError(m.name, err) }
 
-// drift is the safety margin taken off a lease when computing how long a hold
-// is valid on the local clock: clock-rate differences and scheduling delays.
-func (m *DistMutex) drift() time.Duration { return m.lease/100 + 2*time.Millisecond }
+// validity is how long a grant of d (a lease or a claim lease) counts as
+// valid on the local clock, from the send time of the call that made it: d
+// minus a drift margin of d/40 + 5ms for clock-rate differences and the
+// watchdog waking late on a loaded machine. Renewal comes every lease/3, so a
+// wide margin costs nothing while Redis answers.
+func validity(d time.Duration) time.Duration { return d - d/40 - 5*time.Millisecond }
 
 // queueTTL is the liveness of this mutex's queue entries on the server.
 func (m *DistMutex) queueTTL() time.Duration { return min(m.lease, maxQueueTTL) }
@@ -511,7 +514,7 @@ func (m *DistMutex) lock(ctx context.Context, try, plain bool) (bool, error) {
 	for {
 		r, sent, err := a.acquire(ctx)
 		if err == nil && r.code == replyGranted {
-			held, err := a.complete(ctx, r.val, sent.Add(m.lease-m.drift()), false)
+			held, err := a.complete(ctx, r.val, sent.Add(validity(m.lease)), false)
 			if held || err != nil {
 				return held, err
 			}
@@ -565,7 +568,7 @@ func (m *DistMutex) nested(ctx context.Context, h *hold, try, plain bool) (bool,
 			c.mu.Lock()
 			h.count = have + 1
 			if m.renew {
-				h.extendLocked(sent.Add(m.lease - m.drift()))
+				h.extendLocked(sent.Add(validity(m.lease)))
 			}
 			c.mu.Unlock()
 			return true, nil
@@ -657,7 +660,9 @@ func (a *attempt) complete(ctx context.Context, fence int64, valid time.Time, re
 	if renewNow {
 		h.next = now
 	} else {
-		h.next = now.Add(m.lease / 3)
+		// valid counts from the acquire's send time; so does the first
+		// renewal, or a slow reply could leave none before the deadline.
+		h.next = valid.Add(m.lease/3 - validity(m.lease))
 	}
 	m.addHoldLocked(h)
 	c.wd.addLocked(h)
@@ -722,7 +727,7 @@ func (m *DistMutex) unlock(ctx context.Context, plain bool) error {
 	}
 	if err == nil && want > 0 && m.renew && res != releaseNotHeld {
 		c.mu.Lock()
-		h.extendLocked(sent.Add(m.lease - m.drift()))
+		h.extendLocked(sent.Add(validity(m.lease)))
 		c.mu.Unlock()
 	}
 
@@ -892,7 +897,7 @@ func (a *attempt) wait(ctx context.Context, r scriptReply, plain bool) (bool, er
 					// replica.
 					queueNow = true
 				} else if granted {
-					valid := refreshed.Add(m.claimLease() - m.drift())
+					valid := refreshed.Add(validity(m.claimLease()))
 					if held, err := a.finish(ctx, w, fence, valid, true); held || err != nil {
 						return held, err
 					}
@@ -937,7 +942,7 @@ func (a *attempt) wait(ctx context.Context, r scriptReply, plain bool) (bool, er
 			c.mu.Lock()
 			w.entry = "" // an enqueue grant removed the entry
 			c.mu.Unlock()
-			if held, err := a.finish(ctx, w, r.val, sent.Add(m.lease-m.drift()), false); held || err != nil {
+			if held, err := a.finish(ctx, w, r.val, sent.Add(validity(m.lease)), false); held || err != nil {
 				return held, err
 			}
 			r = scriptReply{} // came too late and was released: look again

@@ -311,7 +311,7 @@ func (w *watchdog) apply(r *renewal) (news []notice) {
 		case r.res[i] == 0:
 			news = append(news, c.loseLocked(h, errDenied)...)
 		case r.res[i] == 1 && now.Before(h.valid):
-			h.valid = r.sent.Add(h.m.lease - h.m.drift())
+			h.valid = r.sent.Add(validity(h.m.lease))
 			h.next = r.sent.Add(h.m.lease / 3)
 			if c.hook != nil {
 				news = append(news, notice{ev: h.event(EventRenewed, now.Sub(r.sent), nil)})

@@ -4,7 +4,7 @@ local hash     = KEYS[1] -- owner token -> hold count
 local fencekey = KEYS[2] -- fencing counter (WithFencing only)
 local queue    = KEYS[3] -- starvation queue: entry -> arrival (server µs)
 local alive    = KEYS[4] -- starvation queue: entry -> liveness deadline (server ms)
-local last     = KEYS[5] -- marker of the last final release, for doubled releases
+local last     = KEYS[5] -- markers of the latest final releases (a list), for resent releases
 
 -- Server time in milliseconds. Scripts run with effects replication, so TIME is
 -- allowed and replicas receive the resulting writes, not the script.

@@ -5,11 +5,22 @@
 local owner, wanted, lease = ARGV[1], ARGV[2], ARGV[3]
 local relid = owner .. '#' .. ARGV[4]
 
+-- How many final releases keep their marker: enough that other holders'
+-- releases between a release and its resend do not push it out.
+local markers = 32
+
 local cur = redis.pcall('hget', hash, owner)
 if type(cur) == 'table' then return 0 end -- the key holds another type: not ours
 if not cur then
   -- A final release sent twice finds its own marker: report success again.
-  if wanted == '0' and redis.pcall('get', last) == relid then return 1 end
+  if wanted == '0' then
+    local seen = redis.pcall('lrange', last, 0, markers - 1)
+    if type(seen) == 'table' and not seen.err then
+      for i = 1, #seen do
+        if seen[i] == relid then return 1 end
+      end
+    end
+  end
   return 0
 end
 
@@ -20,6 +31,9 @@ if wanted ~= '0' then
 end
 
 redis.call('hdel', hash, owner)
-redis.call('set', last, relid, 'px', ARGV[5])
+if type(redis.pcall('lpush', last, relid)) == 'number' then
+  redis.call('ltrim', last, 0, markers - 1)
+  redis.call('pexpire', last, ARGV[5])
+end
 if redis.call('exists', hash) == 1 then return 1 end
 return on_free(ARGV[6], ARGV[7])
