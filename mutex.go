@@ -68,11 +68,12 @@ type Client struct {
 
 	closing chan struct{} // closed by Close
 
-	mu     sync.Mutex
-	closed bool
-	locks  map[string]*lockState // by hash key; see reentrant.go
-	empty  int                   // lockStates with nothing in them, swept lazily
-	seq    uint64                // wait ids and NonReentrant owner tokens
+	mu      sync.Mutex
+	closed  bool
+	locks   map[string]*lockState // by hash key; see reentrant.go
+	empty   int                   // lockStates with nothing in them, swept lazily
+	sweepAt int                   // registry size at which sweepLocked looks again
+	seq     uint64                // wait ids and NonReentrant owner tokens
 
 	wd  watchdog
 	sub subscriber

@@ -142,11 +142,13 @@ func (c *Client) stateLocked(m *DistMutex) *lockState {
 
 // sweepLocked removes idle lock states once they make up most of the
 // registry: a lock used over and over keeps its state, and the registry stays
-// proportional to the locks in use.
+// proportional to the locks in use. It looks only when the registry has
+// doubled since it last looked, so that creating n states costs O(n) in all.
 func (c *Client) sweepLocked() {
-	if len(c.locks) < 64 {
+	if len(c.locks) < max(64, c.sweepAt) {
 		return
 	}
+	c.sweepAt = 2 * len(c.locks)
 	idle := 0
 	for _, st := range c.locks {
 		if st.idle() {

@@ -26,7 +26,8 @@ type watchdog struct {
 	c       *Client
 	holds   map[*hold]struct{} // guarded by c.mu
 	started bool               // guarded by c.mu
-	kick    chan struct{}      // capacity 1: the hold set changed
+	wake    time.Time          // when the goroutine looks next; guarded by c.mu
+	timer   *time.Timer        // fires at wake; reset under c.mu
 	quit    chan struct{}
 	done    chan struct{}
 }
@@ -39,7 +40,7 @@ const maxBatch = 500
 func (w *watchdog) addLocked(h *hold) {
 	if w.holds == nil {
 		w.holds = make(map[*hold]struct{})
-		w.kick = make(chan struct{}, 1)
+		w.timer = time.NewTimer(time.Hour)
 		w.quit = make(chan struct{})
 		w.done = make(chan struct{})
 	}
@@ -48,18 +49,23 @@ func (w *watchdog) addLocked(h *hold) {
 		w.started = true
 		go w.run()
 	}
-	w.poke()
+	// Bring the goroutine's wake-up forward only if it would look too late
+	// for h. Moving its timer does not wake it: a Lock+Unlock cycle does not
+	// cost a goroutine switch, and taking many locks not a scan of every
+	// hold each.
+	if t := earliest(h.next, h.valid); w.wake.IsZero() || t.Before(w.wake) {
+		w.wake = t
+		w.timer.Reset(time.Until(t))
+	}
 }
+
+// renewWindow is how early a hold may be renewed: when one hold is due, every
+// hold past half its renewal interval goes along, so that holds taken at
+// different moments come to share one round trip per interval.
+func renewWindow(h *hold) time.Duration { return h.m.lease / 6 }
 
 func (w *watchdog) removeLocked(h *hold) {
 	delete(w.holds, h)
-}
-
-func (w *watchdog) poke() {
-	select {
-	case w.kick <- struct{}{}:
-	default:
-	}
 }
 
 // loseAllLocked marks every tracked hold lost (Close) and returns the notices.
@@ -89,22 +95,19 @@ type renewal struct {
 
 func (w *watchdog) run() {
 	defer close(w.done)
-	timer := time.NewTimer(time.Hour)
-	defer timer.Stop()
+	defer w.timer.Stop()
 	var inflight chan *renewal
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	for {
-		due, wake, lost := w.scan(inflight != nil)
+		due, lost := w.scan(inflight != nil)
 		w.c.announce(lost)
 		if len(due) > 0 {
 			inflight = make(chan *renewal, 1)
 			go w.renew(ctx, due, inflight)
 		}
-		timer.Reset(time.Until(wake))
 		select {
-		case <-timer.C:
-		case <-w.kick:
+		case <-w.timer.C:
 		case r := <-inflight:
 			inflight = nil
 			w.c.announce(w.apply(r))
@@ -119,23 +122,18 @@ func (w *watchdog) run() {
 }
 
 // scan loses the holds past their deadline, picks the holds due for renewal
-// (unless a renewal is in flight) and returns when to look again.
-func (w *watchdog) scan(busy bool) (due []*hold, wake time.Time, lost []notice) {
+// (unless a renewal is in flight) and sets the timer for the next look.
+func (w *watchdog) scan(busy bool) (due []*hold, lost []notice) {
 	c := w.c
 	now := time.Now()
-	wake = now.Add(time.Hour)
+	wake := now.Add(time.Hour)
+	var (
+		near     []*hold // holds within their renewal window
+		nearWake = wake
+		anyDue   bool
+	)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	// A hold is due lease/3 after its last renewal. When any is due, holds
-	// due within the next lease/12 go along, so that holds due at nearly the
-	// same time share a round trip.
-	anyDue := false
-	for h := range w.holds {
-		if h.m.renew && !h.inBatch && !now.Before(h.next) && now.Before(h.valid) {
-			anyDue = true
-			break
-		}
-	}
 	for h := range w.holds {
 		if !now.Before(h.valid) {
 			cause := errExpired
@@ -146,20 +144,30 @@ func (w *watchdog) scan(busy bool) (due []*hold, wake time.Time, lost []notice) 
 			continue
 		}
 		wake = earliest(wake, h.valid)
-		if !h.m.renew || h.inBatch {
+		if !h.m.renew || h.inBatch || busy {
+			// A renewal in flight wakes the loop when it ends.
 			continue
 		}
-		if busy {
-			continue // the renewal in flight wakes the loop when it returns
-		}
-		if anyDue && !now.Before(h.next.Add(-h.m.lease/12)) {
-			h.inBatch = true
-			due = append(due, h)
+		if now.Before(h.next.Add(-renewWindow(h))) {
+			wake = earliest(wake, h.next)
 			continue
 		}
-		wake = earliest(wake, h.next)
+		// Within its window: renewed now if some hold is due.
+		near = append(near, h)
+		nearWake = earliest(nearWake, h.next)
+		anyDue = anyDue || !now.Before(h.next)
 	}
-	return due, wake, lost
+	if anyDue {
+		for _, h := range near {
+			h.inBatch = true
+		}
+		due = near
+	} else {
+		wake = earliest(wake, nearWake)
+	}
+	w.wake = wake
+	w.timer.Reset(time.Until(wake))
+	return due, lost
 }
 
 var errLeaseEnded = errors.New("the fixed lease ran out (WithoutRenewal)")

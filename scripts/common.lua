@@ -98,7 +98,7 @@ local function grant_head(now, pub, channel)
         -- pcall: a caller without access to the channel (ACL) still hands
         -- the lock on; the grantee finds the grant on its next queue refresh.
         redis.pcall(pub, channel, 'g ' .. f .. ' ' .. head)
-        expire_queue(now)
+        -- Removing entries never needs a longer TTL on the queue keys.
         return true
       end
     end

@@ -6,9 +6,10 @@
 local owner, entry, ttl, lease = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local fencing = ARGV[5] == '1'
 
-local bad = type_ok(hash, 'hash') or queue_types_ok()
-  or (fencing and type_ok(fencekey, 'string'))
-if bad then return bad end
+local function types_bad()
+  return type_ok(hash, 'hash') or queue_types_ok()
+    or (fencing and type_ok(fencekey, 'string'))
+end
 
 local function granted_now()
   redis.call('pexpire', hash, lease)
@@ -17,13 +18,25 @@ local function granted_now()
   return {1, f}
 end
 
-local now = now_ms()
-if not redis.call('zscore', alive, entry) then
-  if redis.call('hexists', hash, owner) == 1 then
+-- Reads that fail on a key of another type stand in for TYPE checks: the
+-- types are looked at only then, and before any write.
+local t = redis.call('time')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local dl = redis.pcall('zscore', alive, entry)
+local mine = redis.pcall('hexists', hash, owner)
+if type(dl) == 'table' then return types_bad() or dl end
+if type(mine) == 'table' then return types_bad() or mine end
+if fencing then
+  local bad = type_ok(fencekey, 'string')
+  if bad then return bad end
+end
+if not dl then
+  if mine == 1 then
     -- Granted while we waited (the grant message may have been missed).
     return granted_now()
   end
-  redis.call('zadd', queue, now_us_string(), entry)
+  local added = redis.pcall('zadd', queue, t[1] .. string.rep('0', 6 - #t[2]) .. t[2], entry)
+  if type(added) == 'table' then return types_bad() or added end
 end
 redis.call('zadd', alive, now + ttl, entry)
 prune(now)

@@ -9,28 +9,27 @@ local relid = owner .. '#' .. ARGV[4]
 -- releases between a release and its resend do not push it out.
 local markers = 32
 
-local cur = redis.pcall('hget', hash, owner)
-if type(cur) == 'table' then return 0 end -- the key holds another type: not ours
-if not cur then
-  -- A final release sent twice finds its own marker: report success again.
-  if wanted == '0' then
-    local seen = redis.pcall('lrange', last, 0, markers - 1)
-    if type(seen) == 'table' and not seen.err then
-      for i = 1, #seen do
-        if seen[i] == relid then return 1 end
-      end
-    end
-  end
-  return 0
-end
-
 if wanted ~= '0' then
+  -- a key of another type answers an error table: not ours
+  if redis.pcall('hexists', hash, owner) ~= 1 then return 0 end
   redis.call('hset', hash, owner, wanted)
   if lease ~= '0' then redis.call('pexpire', hash, lease) end
   return 1
 end
 
-redis.call('hdel', hash, owner)
+local n = redis.pcall('hdel', hash, owner)
+if type(n) == 'table' then return 0 end -- the key holds another type: not ours
+if n == 0 then
+  -- A final release sent twice finds its own marker: report success again.
+  local seen = redis.pcall('lrange', last, 0, markers - 1)
+  if type(seen) == 'table' and not seen.err then
+    for i = 1, #seen do
+      if seen[i] == relid then return 1 end
+    end
+  end
+  return 0
+end
+
 if type(redis.pcall('lpush', last, relid)) == 'number' then
   redis.call('ltrim', last, 0, markers - 1)
   redis.call('pexpire', last, ARGV[5])
