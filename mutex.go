@@ -957,21 +957,24 @@ func (a *attempt) wait(ctx context.Context, r scriptReply, plain bool) (bool, er
 func (a *attempt) finish(ctx context.Context, w *waiter, fence int64, valid time.Time, renewNow bool) (bool, error) {
 	held, err := a.complete(ctx, fence, valid, renewNow)
 	if held || err != nil {
-		a.leaveLocal(w)
+		// Holding, w passes no wake-up on: the lock is not free, and whoever
+		// is woken could only look and wait again. This hold's Unlock wakes
+		// the next waiter.
+		a.leaveLocal(w, !held)
 	}
 	return held, err
 }
 
-// leaveLocal removes w from the local queue; a wake-up it received and did
-// not use goes to the next waiter.
-func (a *attempt) leaveLocal(w *waiter) {
+// leaveLocal removes w from the local queue; with passOn, a wake-up it
+// received and did not use goes to the next waiter.
+func (a *attempt) leaveLocal(w *waiter, passOn bool) {
 	c := a.m.c
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	st := c.stateLocked(a.m)
 	head := len(st.waiters) > 0 && st.waiters[0] == w
 	st.removeWaiterLocked(w)
-	if head || len(w.ev) > 0 {
+	if passOn && (head || len(w.ev) > 0) {
 		st.wakeHeadLocked()
 	}
 }
@@ -985,7 +988,7 @@ func (a *attempt) giveUp(ctx context.Context, w *waiter, cause error) (bool, err
 	entry := w.entry
 	w.entry = ""
 	c.mu.Unlock()
-	a.leaveLocal(w)
+	a.leaveLocal(w, true)
 	if entry != "" {
 		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), max(m.queueTTL(), time.Second))
 		err := c.leave(lctx, &m.k, a.owner, entry)

@@ -144,8 +144,10 @@ func (w *watchdog) scan(busy bool) (due []*hold, lost []notice) {
 			continue
 		}
 		wake = earliest(wake, h.valid)
-		if !h.m.renew || h.inBatch || busy {
-			// A renewal in flight wakes the loop when it ends.
+		if !h.m.renew || h.inBatch || h.ending || busy {
+			// A renewal in flight wakes the loop when it ends. A hold whose
+			// final release is in flight needs none: the reply would be moot,
+			// and the hold would be sent again after each moot reply.
 			continue
 		}
 		if now.Before(h.next.Add(-renewWindow(h))) {
