@@ -145,8 +145,9 @@ func toInt64(v interface{}) (int64, error) {
 
 // acquireArgs are the results of one acquire-type script call.
 type scriptReply struct {
-	code int64
-	val  int64 // fence when granted; holder's PTTL in ms when busy or queued
+	code  int64
+	val   int64 // fence when granted; holder's PTTL in ms when busy or queued
+	split bool  // quorum, busy: some servers granted it, too few (contenders split them)
 }
 
 func (n *node) acquire(ctx context.Context, k *lockKeys, owner interface{}, have, want int, lease interface{}, fencing interface{}) (scriptReply, error) {
@@ -158,7 +159,7 @@ func (n *node) acquire(ctx context.Context, k *lockKeys, owner interface{}, have
 		return scriptReply{}, err
 	}
 	code, val, err := pair(v)
-	return scriptReply{code, val}, err
+	return scriptReply{code: code, val: val}, err
 }
 
 func (n *node) enqueue(ctx context.Context, k *lockKeys, owner, entry string, ttl time.Duration, lease, fencing interface{}) (scriptReply, error) {
@@ -170,7 +171,7 @@ func (n *node) enqueue(ctx context.Context, k *lockKeys, owner, entry string, tt
 		return scriptReply{}, err
 	}
 	code, val, err := pair(v)
-	return scriptReply{code, val}, err
+	return scriptReply{code: code, val: val}, err
 }
 
 // acked runs an acquire-type script followed by WAIT on the same connection
@@ -205,7 +206,7 @@ func (n *node) acked(ctx context.Context, s luaScript, k *lockKeys, owner interf
 	}
 	code, val, err := pair(v)
 	if err != nil || code != replyGranted {
-		return scriptReply{code, val}, err
+		return scriptReply{code: code, val: val}, err
 	}
 	if got, err := acks.Result(); err != nil || got < int64(n.c.ackReplicas) {
 		_, _ = n.release(context.WithoutCancel(ctx), k, owner, 0, "0", 0)
@@ -214,7 +215,7 @@ func (n *node) acked(ctx context.Context, s luaScript, k *lockKeys, owner interf
 		}
 		return scriptReply{}, fmt.Errorf("%w: %d of %d within %v", ErrTooFewReplicas, got, n.c.ackReplicas, n.c.ackTimeout)
 	}
-	return scriptReply{code, val}, nil
+	return scriptReply{code: code, val: val}, nil
 }
 
 // nodeFor returns the client to pipeline WAIT with a write to key: on a

@@ -851,8 +851,16 @@ func (a *attempt) wait(ctx context.Context, r scriptReply, plain bool) (bool, er
 		bo        backoff
 		poll      = backoff{first: 2 * time.Millisecond, limit: 100 * time.Millisecond}
 		timer     = time.NewTimer(time.Hour)
+		// A quorum's contenders that split the servers between them retry
+		// after a random delay, as Redlock prescribes: woken together by
+		// each other's give-backs, they could otherwise keep splitting them.
+		holdOff time.Time
+		splitBo = backoff{first: time.Millisecond, limit: 50 * time.Millisecond}
 	)
 	defer timer.Stop()
+	if r.split {
+		holdOff = time.Now().Add(splitBo.next())
+	}
 	for {
 		// Until the subscription is confirmed a release message could be
 		// missed: look again at a polling pace, and as soon as it is.
@@ -873,7 +881,12 @@ func (a *attempt) wait(ctx context.Context, r scriptReply, plain bool) (bool, er
 			d = 0
 		default:
 			d = max(time.Duration(r.val)*time.Millisecond, time.Millisecond)
-			d = min(d, starveAfter-time.Since(start))
+			if c.queueing() {
+				// Look again when it is time to join the queue. A quorum
+				// has no queue: it waits for a release message or the
+				// holder's lease.
+				d = min(d, starveAfter-time.Since(start))
+			}
 		}
 		if d > 0 && (ready != nil || c.subPolling()) {
 			// Not subscribed (yet): a release message could be missed.
@@ -911,6 +924,16 @@ func (a *attempt) wait(ctx context.Context, r scriptReply, plain bool) (bool, er
 			}
 			queue = c.queueing() && (w.entry != "" || queueNow || time.Since(start) >= starveAfter)
 		}
+		if d := time.Until(holdOff); d > 0 {
+			timer.Reset(d)
+			select {
+			case <-timer.C:
+			case <-ctx.Done():
+				return a.giveUp(ctx, w, ctx.Err())
+			case <-c.closing:
+				return a.giveUp(ctx, w, ErrClosed)
+			}
+		}
 
 		var sent time.Time
 		if !queue {
@@ -938,6 +961,11 @@ func (a *attempt) wait(ctx context.Context, r scriptReply, plain bool) (bool, er
 			continue
 		}
 		bo = backoff{}
+		if r.split {
+			holdOff = time.Now().Add(splitBo.next())
+		} else {
+			splitBo = backoff{first: time.Millisecond, limit: 50 * time.Millisecond}
+		}
 		switch r.code {
 		case replyGranted:
 			c.mu.Lock()

@@ -21,10 +21,17 @@ import (
 // and hands each message to the waiter it concerns: the head local waiter for
 // a release, the named waiter for a grant from the queue.
 //
+// (Un)subscriptions are sent by a second goroutine per connection, in the
+// order they were decided, never by a waiter and never under the
+// subscriber's mutex: a server that does not answer (paused, or a
+// partitioned quorum member) holds up nothing but its own connection.
+//
 // When a cluster moves a slot, the server drops the shard channels of that
 // slot; the reader then subscribes them again on the slot's new master and
-// wakes their waiters. When SUBSCRIBE is denied (ACL NOPERM), waiters fall
-// back to polling with bounded backoff; this is logged once.
+// wakes their waiters. A subscription that a master refuses with MOVED (the
+// cluster client's view of the slots was out of date) is sent again where
+// the slot lives. When SUBSCRIBE is denied (ACL NOPERM), waiters fall back
+// to polling with bounded backoff; this is logged once.
 type subscriber struct {
 	c       *Client // whose waiters hear the messages
 	n       *node   // whose server the connections go to
@@ -36,11 +43,19 @@ type subscriber struct {
 	readers sync.WaitGroup
 }
 
-// psConn is one pub/sub connection and its reader.
+// psConn is one pub/sub connection, its reader and its writer.
 type psConn struct {
 	addr    string
 	ps      *redis.PubSub
 	sharded bool
+	ops     []subOp       // guarded by subscriber.mu: for the writer, in order
+	kick    chan struct{} // capacity 1: ops has work
+}
+
+// subOp is a subscription (sub) or unsubscription for a connection's writer.
+type subOp struct {
+	channel string
+	sub     bool
 }
 
 type subEntry struct {
@@ -94,11 +109,8 @@ func (s *subscriber) ready(channel string) <-chan struct{} {
 	return e.ready
 }
 
-// subscribeLocked sends the subscription for e on the connection serving
-// channel. It is sent under s.mu so that subscribes and unsubscribes of one
-// channel reach the server in the order they were decided. An error on an
-// existing connection is not final: go-redis records the channel and
-// subscribes it again when the reader reconnects.
+// subscribeLocked has the subscription for e sent on the connection serving
+// channel.
 func (s *subscriber) subscribeLocked(channel string, e *subEntry) {
 	conn, err := s.connLocked(channel)
 	if err != nil {
@@ -106,13 +118,56 @@ func (s *subscriber) subscribeLocked(channel string, e *subEntry) {
 		return
 	}
 	e.conn = conn
-	if conn.sharded {
-		err = conn.ps.SSubscribe(context.Background(), channel)
-	} else {
-		err = conn.ps.Subscribe(context.Background(), channel)
+	s.queueLocked(conn, channel, true)
+}
+
+// queueLocked hands a (un)subscription to conn's writer. The writer sends
+// them in the order they were queued, so that subscribes and unsubscribes of
+// one channel reach the server in the order they were decided.
+func (s *subscriber) queueLocked(conn *psConn, channel string, sub bool) {
+	conn.ops = append(conn.ops, subOp{channel: channel, sub: sub})
+	select {
+	case conn.kick <- struct{}{}:
+	default:
 	}
-	if err != nil {
-		s.c.log.Debug("remutex: subscribe failed, retried on reconnect", "channel", channel, "err", err)
+}
+
+// write sends conn's queued (un)subscriptions until the Client closes. An
+// error is not final: go-redis records a subscribed channel and subscribes
+// it again when the reader reconnects.
+func (s *subscriber) write(conn *psConn) {
+	defer s.readers.Done()
+	ctx := context.Background()
+	for {
+		select {
+		case <-conn.kick:
+		case <-s.c.closing:
+			return
+		}
+		s.mu.Lock()
+		ops := conn.ops
+		conn.ops = nil
+		closed := s.closed
+		s.mu.Unlock()
+		if closed {
+			return
+		}
+		for _, op := range ops {
+			var err error
+			switch {
+			case op.sub && conn.sharded:
+				err = conn.ps.SSubscribe(ctx, op.channel)
+			case op.sub:
+				err = conn.ps.Subscribe(ctx, op.channel)
+			case conn.sharded:
+				err = conn.ps.SUnsubscribe(ctx, op.channel)
+			default:
+				err = conn.ps.Unsubscribe(ctx, op.channel)
+			}
+			if err != nil {
+				s.c.log.Debug("remutex: (un)subscribe failed", "channel", op.channel, "subscribe", op.sub, "err", err)
+			}
+		}
 	}
 }
 
@@ -133,15 +188,16 @@ func (s *subscriber) connLocked(channel string) (*psConn, error) {
 	if conn := s.conns[addr]; conn != nil {
 		return conn, nil
 	}
-	conn := &psConn{addr: addr, sharded: sharded}
+	conn := &psConn{addr: addr, sharded: sharded, kick: make(chan struct{}, 1)}
 	if sharded {
-		conn.ps = node.SSubscribe(ctx)
+		conn.ps = node.SSubscribe(ctx) // without channels: no I/O yet
 	} else {
 		conn.ps = s.n.rdb.Subscribe(ctx)
 	}
 	s.conns[addr] = conn
-	s.readers.Add(1)
+	s.readers.Add(2)
 	go s.run(conn)
+	go s.write(conn)
 	return conn, nil
 }
 
@@ -164,14 +220,19 @@ func (s *subscriber) polling() bool {
 	return s.denied
 }
 
-// close stops the readers and waits for them.
+// close stops the readers and writers and waits for them. It is called
+// after the Client's closing channel is closed.
 func (s *subscriber) close() {
 	s.mu.Lock()
 	s.closed = true
+	conns := make([]*psConn, 0, len(s.conns))
 	for _, conn := range s.conns {
-		_ = conn.ps.Close()
+		conns = append(conns, conn)
 	}
 	s.mu.Unlock()
+	for _, conn := range conns {
+		_ = conn.ps.Close() // waits for a (un)subscription in flight
+	}
 	s.readers.Wait()
 }
 
@@ -196,6 +257,10 @@ func (s *subscriber) run(conn *psConn) {
 			}
 			if redis.HasErrorPrefix(err, "NOPERM") {
 				s.deny(err)
+				continue
+			}
+			if conn.sharded && redis.HasErrorPrefix(err, "MOVED") {
+				s.redirected(conn, err)
 				continue
 			}
 			// The connection broke; go-redis reconnects and subscribes again
@@ -241,15 +306,7 @@ func (s *subscriber) sweep(conn *psConn) time.Duration {
 			continue
 		}
 		delete(s.chans, ch)
-		var err error
-		if conn.sharded {
-			err = conn.ps.SUnsubscribe(context.Background(), ch)
-		} else {
-			err = conn.ps.Unsubscribe(context.Background(), ch)
-		}
-		if err != nil {
-			s.c.log.Debug("remutex: unsubscribe failed", "channel", ch, "err", err)
-		}
+		s.queueLocked(conn, ch, false)
 	}
 	if busy {
 		return linger / 2
@@ -282,12 +339,77 @@ func (s *subscriber) moved(conn *psConn, channel string) {
 		s.mu.Unlock()
 		return // our own unsubscribe, or a subscription already redone
 	}
-	_ = conn.ps.SUnsubscribe(context.Background(), channel) // forget it locally
+	s.detachLocked(conn, channel, e)
+	s.mu.Unlock()
+	s.follow(conn, []string{channel})
+}
+
+// redirected handles a MOVED reply to a subscription sent on conn: the
+// cluster client's view of the slots was out of date. The channels of that
+// slot that conn did not confirm are subscribed again where the slot lives.
+func (s *subscriber) redirected(conn *psConn, err error) {
+	f := strings.Fields(err.Error()) // MOVED <slot> <addr>
+	if len(f) != 3 {
+		return
+	}
+	slot, perr := strconv.Atoi(f[1])
+	if perr != nil {
+		return
+	}
+	var chans []string
+	s.mu.Lock()
+	for ch, e := range s.chans {
+		if e.conn == conn && !e.confirmed && keySlot(ch) == slot {
+			s.detachLocked(conn, ch, e)
+			chans = append(chans, ch)
+		}
+	}
+	s.mu.Unlock()
+	s.follow(conn, chans)
+}
+
+// detachLocked forgets channel's subscription on conn, so that go-redis does
+// not subscribe it there again on a reconnect, and marks it unsubscribed.
+func (s *subscriber) detachLocked(conn *psConn, channel string, e *subEntry) {
+	s.queueLocked(conn, channel, false)
+	if e.confirmed {
+		e.ready = make(chan struct{})
+	}
+	e.conn, e.confirmed = nil, false
+}
+
+// follow subscribes chans, which conn's node no longer serves, where their
+// slot lives now, and wakes every waiter. The cluster client reloads its
+// view of the slots in the background: follow waits, for up to a second,
+// until that view sends the slot elsewhere, so as not to subscribe on conn's
+// node again.
+func (s *subscriber) follow(conn *psConn, chans []string) {
+	if len(chans) == 0 {
+		return
+	}
 	if cc, ok := s.n.rdb.(*redis.ClusterClient); ok {
 		cc.ReloadState(context.Background())
+		t := time.NewTimer(0)
+		defer t.Stop()
+		for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); {
+			node, err := cc.MasterForKey(context.Background(), chans[0])
+			if err == nil && node.Options().Addr != conn.addr {
+				break
+			}
+			t.Reset(5 * time.Millisecond)
+			select {
+			case <-t.C:
+			case <-s.c.closing:
+				return
+			}
+		}
 	}
-	e.conn, e.confirmed, e.ready = nil, false, make(chan struct{})
-	s.subscribeLocked(channel, e)
+	s.mu.Lock()
+	for _, ch := range chans {
+		if e := s.chans[ch]; e != nil && e.conn == nil && !s.closed {
+			s.subscribeLocked(ch, e)
+		}
+	}
 	s.mu.Unlock()
 	s.c.wakeAll()
 }

@@ -71,8 +71,15 @@ type answer[T any] struct {
 // decided.
 var errNoAnswer = errors.New("no answer yet")
 
+// minGrace is the least a fan-out waits for the other servers once a
+// majority answered without settling the question: enough for a healthy
+// server a little farther away, or one that needs a new connection; short
+// against a lease.
+const minGrace = 50 * time.Millisecond
+
 // fanOut calls f on every node at once and returns as soon as decided says
-// the answers so far settle the question (or all answered), so that a dead or
+// the answers so far settle the question, all answered, or the others took
+// much longer than the majority (see minGrace), so that a dead, paused or
 // slow server does not hold up a majority. Answers are in node order; a node
 // that has not answered has errNoAnswer. Calls still running continue in the
 // background, joined by Close, and hand their answer to late if it is not nil.
@@ -106,11 +113,29 @@ func fanOut[T any](c *Client, f func(*node) (T, error), decided func([]answer[T]
 	for i := range got {
 		got[i].err = errNoAnswer
 	}
-	for range c.nodes {
-		x := <-ch
-		got[x.i] = x.a
-		if decided(got) {
-			break
+	start := time.Now()
+	var grace <-chan time.Time
+wait:
+	for answered := 0; answered < len(c.nodes); {
+		select {
+		case x := <-ch:
+			answered++
+			got[x.i] = x.a
+			if decided(got) {
+				break wait
+			}
+			if answered == c.majority {
+				// The majority's answers did not settle it: wait for the
+				// others only a little longer than those took, so that a
+				// server that does not answer (paused, partitioned) counts
+				// as failed instead of holding the caller up until its
+				// client's read timeout.
+				t := time.NewTimer(max(2*time.Since(start), minGrace))
+				defer t.Stop()
+				grace = t.C
+			}
+		case <-grace:
+			break wait
 		}
 	}
 	mu.Lock()
@@ -227,7 +252,7 @@ func (c *Client) acquire(ctx context.Context, k *lockKeys, owner interface{}, ha
 	case v.permanent != nil:
 		return scriptReply{}, v.permanent
 	case v.busy > 0 && have == 0:
-		return scriptReply{code: replyBusy, val: v.wait}, nil
+		return scriptReply{code: replyBusy, val: v.wait, split: v.granted > 0}, nil
 	}
 	return scriptReply{}, fmt.Errorf("%w: %d of %d granted (%v)", ErrNoQuorum, v.granted, n, v.last)
 }
@@ -283,8 +308,9 @@ func (c *Client) release(ctx context.Context, k *lockKeys, owner interface{}, wa
 		}
 		return ok, notHeld, last
 	}
-	// A final release waits for every server (each must free its key); a
-	// nested one only for a majority.
+	// A final release waits for every server that answers in time (each
+	// must free its key, so that the next acquisition finds them all free);
+	// a nested one only for a majority.
 	as := fanOut(c, func(n *node) (int64, error) {
 		return n.release(ctx, k, owner, want, lease, seq)
 	}, func(as []answer[int64]) bool {
@@ -297,6 +323,11 @@ func (c *Client) release(ctx context.Context, k *lockKeys, owner interface{}, wa
 		return 1, nil
 	case notHeld > len(c.nodes)-c.majority:
 		return releaseNotHeld, nil
+	case ok+countNoAnswer(as) >= c.majority:
+		// The servers that did not answer in time still get the call (it
+		// runs on in the background): asking them again could only find
+		// the fields gone and misreport the hold as lost.
+		return 1, nil
 	}
 	return 0, fmt.Errorf("%w: %d of %d released (%v)", ErrNoQuorum, ok, len(c.nodes), last)
 }
@@ -334,6 +365,10 @@ func (c *Client) renew(ctx context.Context, items []renewItem) []int64 {
 		}
 		return res, settled
 	}
+	// The watchdog cancels ctx once the majority decided: the calls to the
+	// other servers must still renew there, or the hold would live on the
+	// fastest majority only and no longer survive the loss of a minority.
+	ctx = context.WithoutCancel(ctx)
 	as := fanOut(c, func(n *node) ([]int64, error) { return n.renew(ctx, items), nil },
 		func(as []answer[[]int64]) bool { _, settled := tally(as); return settled }, nil)
 	res, _ := tally(as)
@@ -366,22 +401,32 @@ func (c *Client) subRelease(channel string) {
 	}
 }
 
-// subReady returns a closed channel once any node delivers the channel's
-// messages (a release publishes on every server it releases on).
+// subReady returns a closed channel once enough nodes deliver the channel's
+// messages: one, or for a quorum a majority. A release publishes on every
+// server it releases on, and a hold lives on at least a majority, so any
+// majority of subscriptions hears it; fewer may all be on servers the hold
+// never had. Until then it returns the ready channel of a node still
+// missing.
 func (c *Client) subReady(channel string) <-chan struct{} {
-	var first <-chan struct{}
-	for i, n := range c.nodes {
+	need := 1
+	if c.one == nil {
+		need = c.majority
+	}
+	var missing <-chan struct{}
+	for _, n := range c.nodes {
 		r := n.sub.ready(channel)
 		select {
 		case <-r:
-			return r
+			if need--; need == 0 {
+				return r
+			}
 		default:
-		}
-		if i == 0 {
-			first = r
+			if missing == nil {
+				missing = r
+			}
 		}
 	}
-	return first
+	return missing
 }
 
 func (c *Client) subPolling() bool {

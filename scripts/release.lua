@@ -30,7 +30,10 @@ if n == 0 then
   return 0
 end
 
-if type(redis.pcall('lpush', last, relid)) == 'number' then
+-- A rollback (sequence number '0' or '': an acquisition that failed, a
+-- grant that came too late) has no caller that could resend it: no marker.
+local rollback = ARGV[4] == '0' or ARGV[4] == ''
+if not rollback and type(redis.pcall('lpush', last, relid)) == 'number' then
   redis.call('ltrim', last, 0, markers - 1)
   redis.call('pexpire', last, ARGV[5])
 end
