@@ -143,7 +143,7 @@ func toInt64(v interface{}) (int64, error) {
 	return 0, fmt.Errorf("remutex: unexpected script reply %v", v)
 }
 
-// acquireArgs are the results of one acquire-type script call.
+// scriptReply is the result of one acquire-type script call.
 type scriptReply struct {
 	code  int64
 	val   int64 // fence when granted; holder's PTTL in ms when busy or queued

@@ -71,7 +71,6 @@ type Client struct {
 	mu      sync.Mutex
 	closed  bool
 	locks   map[string]*lockState // by hash key; see reentrant.go
-	empty   int                   // lockStates with nothing in them, swept lazily
 	sweepAt int                   // registry size at which sweepLocked looks again
 	seq     uint64                // wait ids and NonReentrant owner tokens
 

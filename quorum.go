@@ -155,16 +155,15 @@ wait:
 
 // acquireVotes counts a fan-out of acquire replies.
 type acquireVotes struct {
-	granted, lost, busy, failed int
-	fence, wait                 int64
-	permanent, last             error
+	granted, lost, busy int
+	fence, wait         int64
+	permanent, last     error
 }
 
 func countAcquire(as []answer[scriptReply]) (v acquireVotes) {
 	for _, a := range as {
 		switch {
 		case a.err != nil:
-			v.failed++
 			if a.err != errNoAnswer {
 				v.last = a.err
 				if !transient(a.err) {
