@@ -1,0 +1,261 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"runtime"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Contended hand-off: 4 clients × 2 goroutines on one lock. A worker holds the
+// lock for 1 ms (time.Sleep: a critical section that waits on I/O) and pauses
+// 1 ms after releasing it.
+const (
+	contClients   = 4
+	contPerClient = 2
+	contCritical  = time.Millisecond
+	contPause     = time.Millisecond
+)
+
+type contendedResult struct {
+	Window       time.Duration // measuring window
+	Acquisitions int           // acquired inside the window
+	PerSecond    float64
+	Utilisation  float64       // time held / window
+	GapMean      time.Duration // release (Unlock called) -> next acquisition
+	GapP50       time.Duration
+	WaitP50      time.Duration // Lock called -> Lock returned
+	WaitP99      time.Duration
+	WaitMax      time.Duration
+	Spread       float64 // most / fewest acquisitions of one worker (window); -1: a worker had none
+	PerWorker    []int
+	Overlaps     int64 // acquisitions that found another holder inside
+	Errors       int64
+	Bursts       float64       // write bursts per acquisition, all clients
+	Commands     float64       // commands sent per acquisition
+	Executed     float64       // commands executed per acquisition, scripts' included
+	CPU          time.Duration // redis-server CPU per acquisition
+	Server       map[string]cmdStat
+	AllAcq       int // acquisitions including the drain after the window
+	FirstErr     string
+}
+
+type acqRecord struct {
+	t0, t1, t2 time.Duration // since start: Lock called, Lock returned, Unlock called
+	worker     int
+}
+
+func contended(v variant, srv *server, window time.Duration) (contendedResult, error) {
+	var w wire
+	clients, err := connectAll(v, config{addr: srv.addr, wire: &w}, contClients)
+	if err != nil {
+		return contendedResult{}, err
+	}
+	defer closeAll(clients)
+	h, err := newHandoff(clients, lockName("handoff"))
+	if err != nil {
+		return contendedResult{}, err
+	}
+
+	// The drain after the window is bounded: a waiter still waiting 10s
+	// after it gives up.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var wg sync.WaitGroup
+	for wk := range h.mutexes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			h.work(ctx, wk)
+		}()
+	}
+
+	runtime.GC()
+	meter := startMeter(srv, &w)
+	h.start = time.Now()
+	close(h.begin)
+	time.Sleep(window)
+	h.stop.Store(true)
+	drain := time.AfterFunc(10*time.Second, cancel)
+	wg.Wait()
+	drain.Stop()
+	spent := meter.stop()
+
+	res, err := h.result(window)
+	if err != nil {
+		return res, err
+	}
+	res.addCost(spent)
+	return res, nil
+}
+
+// connectAll connects n clients of v, each with its own pool, or none.
+func connectAll(v variant, cfg config, n int) ([]client, error) {
+	clients := make([]client, 0, n)
+	for range n {
+		cl, err := v.connect(cfg)
+		if err != nil {
+			closeAll(clients)
+			return nil, err
+		}
+		clients = append(clients, cl)
+	}
+	return clients, nil
+}
+
+func closeAll(clients []client) {
+	for _, cl := range clients {
+		cl.close()
+	}
+}
+
+// handoff is one run of the contended scenario: contPerClient workers per
+// client on one lock, and what they saw.
+type handoff struct {
+	mutexes  []mutex       // one per worker
+	begin    chan struct{} // closed at start
+	start    time.Time     // set before begin is closed
+	stop     atomic.Bool   // the window has ended
+	inside   atomic.Int32  // holders inside the critical section
+	overlaps atomic.Int64  // holders that found another inside
+	errs     atomic.Int64
+	firstErr atomic.Value  // string
+	records  [][]acqRecord // per worker, set when it ends
+}
+
+// newHandoff makes the workers' mutexes on the lock name, each locked and
+// unlocked once (scripts loaded, connections open).
+func newHandoff(clients []client, name string) (*handoff, error) {
+	workers := len(clients) * contPerClient
+	h := &handoff{mutexes: make([]mutex, workers), begin: make(chan struct{}), records: make([][]acqRecord, workers)}
+	warm := context.Background()
+	for i := range h.mutexes {
+		h.mutexes[i] = clients[i%len(clients)].mutex(name)
+		if err := h.mutexes[i].lock(warm); err != nil {
+			return nil, err
+		}
+		if err := h.mutexes[i].unlock(warm); err != nil {
+			return nil, err
+		}
+	}
+	return h, nil
+}
+
+// work is worker wk: from begin until stop, it locks, holds for contCritical,
+// unlocks and pauses for contPause, recording each acquisition.
+func (h *handoff) work(ctx context.Context, wk int) {
+	m := h.mutexes[wk]
+	recs := make([]acqRecord, 0, 8192)
+	defer func() { h.records[wk] = recs }()
+	<-h.begin
+	for !h.stop.Load() {
+		t0 := time.Since(h.start)
+		if err := m.lock(ctx); err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			h.fail(err)
+			time.Sleep(contPause)
+			continue
+		}
+		t1 := time.Since(h.start)
+		if !h.inside.CompareAndSwap(0, 1) {
+			h.overlaps.Add(1)
+		}
+		time.Sleep(contCritical)
+		h.inside.Store(0)
+		t2 := time.Since(h.start)
+		if err := m.unlock(context.Background()); err != nil {
+			h.fail(err)
+		}
+		recs = append(recs, acqRecord{t0, t1, t2, wk})
+		time.Sleep(contPause)
+	}
+}
+
+// fail counts an error of lock or unlock, keeping the first.
+func (h *handoff) fail(err error) {
+	h.errs.Add(1)
+	h.firstErr.CompareAndSwap(nil, err.Error())
+}
+
+// result sums up the acquisitions: those inside the window for the rates,
+// utilisation and spread; all of them for the overlaps and waits.
+func (h *handoff) result(window time.Duration) (contendedResult, error) {
+	var all []acqRecord
+	for _, rs := range h.records {
+		all = append(all, rs...)
+	}
+	slices.SortFunc(all, func(a, b acqRecord) int { return int(a.t1 - b.t1) })
+	res := contendedResult{Window: window, Overlaps: h.overlaps.Load(), Errors: h.errs.Load(), AllAcq: len(all)}
+	if s, ok := h.firstErr.Load().(string); ok {
+		res.FirstErr = s
+	}
+	// The records themselves must not overlap either: sorted by acquisition,
+	// each must start after the previous holder called Unlock.
+	for i := 1; i < len(all); i++ {
+		if all[i].t1 < all[i-1].t2 {
+			res.Overlaps++
+		}
+	}
+	if err := res.addTimes(all, len(h.mutexes)); err != nil {
+		return res, err
+	}
+	return res, nil
+}
+
+// addTimes fills in the figures of time and fairness from all acquisitions,
+// sorted by the time they returned from lock.
+func (res *contendedResult) addTimes(all []acqRecord, workers int) error {
+	window := res.Window
+	res.PerWorker = make([]int, workers)
+	var (
+		held  time.Duration
+		waits []time.Duration
+		gaps  []time.Duration
+	)
+	for i, r := range all {
+		waits = append(waits, r.t1-r.t0)
+		if r.t1 >= window {
+			continue
+		}
+		res.Acquisitions++
+		res.PerWorker[r.worker]++
+		held += min(r.t2, window) - r.t1
+		if i > 0 {
+			gaps = append(gaps, r.t1-all[i-1].t2)
+		}
+	}
+	if len(all) == 0 {
+		return errors.New("no acquisition at all")
+	}
+	res.PerSecond = float64(res.Acquisitions) / window.Seconds()
+	res.Utilisation = float64(held) / float64(window)
+	res.GapMean = mean(gaps)
+	slices.Sort(gaps)
+	res.GapP50 = percentile(gaps, 0.5)
+	slices.Sort(waits)
+	res.WaitP50 = percentile(waits, 0.5)
+	res.WaitP99 = percentile(waits, 0.99)
+	res.WaitMax = waits[len(waits)-1]
+	fewest, most := slices.Min(res.PerWorker), slices.Max(res.PerWorker)
+	res.Spread = -1 // a worker that never acquired: unbounded
+	if fewest > 0 {
+		res.Spread = float64(most) / float64(fewest)
+	}
+	return nil
+}
+
+// addCost fills in what Redis did per acquisition, drain included.
+func (res *contendedResult) addCost(s spent) {
+	n := float64(res.AllAcq)
+	u, sent := s.used, s.sent
+	res.Bursts = float64(sent.Bursts) / n
+	res.Commands = float64(sent.Commands) / n
+	res.Executed = float64(u.executed()) / n
+	res.CPU = time.Duration(float64(u.cpu) / n)
+	res.Server = u.cmds
+}

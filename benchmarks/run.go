@@ -1,0 +1,186 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"time"
+)
+
+// results is everything one run measured.
+type results struct {
+	Machine     machine
+	Plan        plan
+	Started     time.Time
+	Took        time.Duration
+	Variants    []variantInfo
+	Floor       floorResult
+	Uncontended map[string]*cycleResult
+	Nested      *nestedResult
+	Contended   map[string]*contendedResult
+	Held        map[string]*heldResult
+	Violations  []string
+	Problems    []string // errors of a peer that are not violations
+}
+
+type variantInfo struct {
+	Name, Lib, Setup string
+	Remutex          bool
+}
+
+func run(p plan, vs []variant, want map[string]bool) (*results, error) {
+	res := &results{
+		Plan:        p,
+		Started:     time.Now(),
+		Uncontended: map[string]*cycleResult{},
+		Contended:   map[string]*contendedResult{},
+		Held:        map[string]*heldResult{},
+	}
+	for _, v := range vs {
+		res.Variants = append(res.Variants, variantInfo{v.name, v.lib, v.setup, v.remutex})
+	}
+	res.Machine = describeMachine()
+	srv, err := startServer()
+	if err != nil {
+		return nil, err
+	}
+	defer srv.stop()
+	running.Store(srv)
+	res.Machine.Redis = srv.version()
+	res.Machine.RedisAddr = srv.addr
+	res.logf("redis-server %s on %s, load %s", res.Machine.Redis, srv.addr, res.Machine.LoadStart)
+
+	for _, v := range vs {
+		if err := checkExclusion(v, srv.addr); err != nil {
+			res.Violations = append(res.Violations, fmt.Sprintf("%s: exclusion check: %v", v.name, err))
+		}
+	}
+	if want["uncontended"] {
+		if err := res.runUncontended(vs, srv); err != nil {
+			return nil, err
+		}
+	}
+	if want["nested"] {
+		res.runNested(vs, srv)
+	}
+	if res.Floor.RTT == 0 { // no uncontended rounds: measure the floor alone
+		if err := floorRound(srv.addr, time.Second, &res.Floor); err != nil {
+			return nil, fmt.Errorf("floor: %w", err)
+		}
+		res.Floor.finish()
+	}
+	if want["contended"] {
+		res.runContended(vs, srv)
+	}
+	if want["held"] {
+		res.runHeld(vs, srv)
+	}
+	res.noteStalls(vs)
+	res.Machine.LoadEnd = loadavg()
+	res.Took = time.Since(res.Started)
+	return res, nil
+}
+
+// logf reports progress on stderr, with the time since the run started.
+func (r *results) logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "[%6.1fs] "+format+"\n", append([]any{time.Since(r.Started).Seconds()}, args...)...)
+}
+
+func (r *results) runUncontended(vs []variant, srv *server) error {
+	for _, v := range vs {
+		r.Uncontended[v.name] = &cycleResult{}
+	}
+	// Rounds go through every variant in turn, and through the floor, so
+	// that a change in the machine's load touches all of them alike.
+	for round := 0; round < r.Plan.Rounds; round++ {
+		if err := floorRound(srv.addr, r.Plan.RoundTime, &r.Floor); err != nil {
+			return fmt.Errorf("floor: %w", err)
+		}
+		for _, v := range vs {
+			if err := uncontendedRound(v, srv, r.Plan.RoundTime, r.Uncontended[v.name]); err != nil {
+				r.problem(v, "uncontended", err)
+			}
+		}
+	}
+	r.Floor.finish()
+	r.logf("floor: PING %v (go-redis), %v (bare socket)", r.Floor.RTT, r.Floor.Raw)
+	for _, v := range vs {
+		c := r.Uncontended[v.name]
+		c.finish()
+		r.logf("uncontended %-17s %8.1fµs/cycle %5.1f allocs", v.name, us(c.Cycle), c.Allocs)
+	}
+	return nil
+}
+
+func (r *results) runNested(vs []variant, srv *server) {
+	for _, v := range vs {
+		if !v.remutex {
+			continue
+		}
+		n, err := nested(v, srv, r.Plan.Nested)
+		if err != nil {
+			r.problem(v, "nested", err)
+			continue
+		}
+		r.Nested = &n
+		r.logf("nested %s: lock %v unlock %v, PING %v", v.name, n.Lock, n.Unlock, n.Ping)
+	}
+}
+
+func (r *results) runContended(vs []variant, srv *server) {
+	for _, v := range vs {
+		c, err := contended(v, srv, r.Plan.ContendedTime)
+		if err != nil {
+			r.problem(v, "contended", err)
+			continue
+		}
+		r.Contended[v.name] = &c
+		if c.Overlaps > 0 {
+			r.Violations = append(r.Violations, fmt.Sprintf("%s: contended: %d acquisitions overlapped another holder", v.name, c.Overlaps))
+		}
+		if c.Errors > 0 {
+			r.Problems = append(r.Problems, fmt.Sprintf("%s: contended: %d errors, first: %s", v.name, c.Errors, c.FirstErr))
+		}
+		r.logf("contended %-17s %6.0f acq/s util %5.1f%% p99 %v max %v", v.name, c.PerSecond, 100*c.Utilisation,
+			c.WaitP99.Round(time.Microsecond), c.WaitMax.Round(time.Microsecond))
+	}
+}
+
+func (r *results) runHeld(vs []variant, srv *server) {
+	for _, v := range vs {
+		if !v.held {
+			continue
+		}
+		h, err := manyHeld(v, srv, r.Plan.HeldLocks, r.Plan.HeldLease, r.Plan.TakeLimit)
+		if err != nil {
+			r.problem(v, "held", err)
+			continue
+		}
+		r.Held[v.name] = &h
+		if v.remutex && h.Lost > 0 {
+			r.Violations = append(r.Violations, fmt.Sprintf("%s: held: %d of %d holds lost while held", v.name, h.Lost, h.Locks))
+		}
+		r.logf("held %-17s %d round trips, %d commands, +%d goroutines, %d lost", v.name, h.Bursts, h.Commands, h.Goroutines, h.Lost)
+	}
+}
+
+// noteStalls reports the Lock calls of rueidislock that the harness retried.
+func (r *results) noteStalls(vs []variant) {
+	for _, v := range vs {
+		if v.stalls != nil && v.stalls.Load() > 0 {
+			r.Problems = append(r.Problems, fmt.Sprintf("%s: %d Lock calls waited more than %v without getting a free lock and were retried "+
+				"(an attempt that times out on a free key waits for an invalidation that never comes)", v.name, v.stalls.Load(), rueidisStall))
+		}
+	}
+}
+
+// problem records a scenario a variant could not complete. For remutex that
+// is a violation; for a peer it is reported.
+func (r *results) problem(v variant, scenario string, err error) {
+	msg := fmt.Sprintf("%s: %s: %v", v.name, scenario, err)
+	if v.remutex {
+		r.Violations = append(r.Violations, msg)
+	} else {
+		r.Problems = append(r.Problems, msg)
+	}
+	fmt.Fprintln(os.Stderr, msg)
+}

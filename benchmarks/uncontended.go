@@ -1,0 +1,96 @@
+package main
+
+import (
+	"context"
+	"runtime"
+	"slices"
+	"time"
+)
+
+// cycleResult is the uncontended Lock+Unlock cycle on one client.
+type cycleResult struct {
+	Cycles   int
+	Cycle    time.Duration      // median over rounds of the mean cycle time
+	P50, P99 time.Duration      // over all cycles
+	Allocs   float64            // heap allocations per cycle (all goroutines)
+	Bytes    float64            // heap bytes per cycle
+	Bursts   float64            // write bursts (round trips) per cycle
+	Commands float64            // commands sent per cycle
+	Executed float64            // commands executed per cycle, inside scripts included
+	CPU      time.Duration      // redis-server CPU per cycle
+	Server   map[string]cmdStat // INFO commandstats over all cycles
+	rounds   []time.Duration
+	lat      []time.Duration
+	mallocs  uint64
+	heap     uint64
+	used     usage
+	sent     wireSnapshot
+}
+
+// uncontendedRound runs Lock+Unlock cycles on one fresh client for d and adds
+// them to r.
+func uncontendedRound(v variant, srv *server, d time.Duration, r *cycleResult) error {
+	ctx := context.Background()
+	var w wire
+	cl, err := v.connect(config{addr: srv.addr, wire: &w})
+	if err != nil {
+		return err
+	}
+	defer cl.close()
+	m := cl.mutex(lockName("cycle"))
+	for i := 0; i < 200; i++ { // load scripts, open connections, warm caches
+		if err := m.lock(ctx); err != nil {
+			return err
+		}
+		if err := m.unlock(ctx); err != nil {
+			return err
+		}
+	}
+	lat := make([]time.Duration, 0, 1<<16)
+	runtime.GC()
+	meter := startMeter(srv, &w)
+	start := time.Now()
+	end := start.Add(d)
+	for t0 := start; t0.Before(end); {
+		if err := m.lock(ctx); err != nil {
+			return err
+		}
+		if err := m.unlock(ctx); err != nil {
+			return err
+		}
+		t1 := time.Now()
+		lat = append(lat, t1.Sub(t0))
+		t0 = t1
+	}
+	elapsed := time.Since(start)
+	spent := meter.stop()
+	r.lat = append(r.lat, lat...)
+	r.rounds = append(r.rounds, elapsed/time.Duration(len(lat)))
+	r.mallocs += spent.mallocs
+	r.heap += spent.heap
+	if r.used.cmds == nil {
+		r.used = usage{cmds: map[string]cmdStat{}}
+	}
+	r.used = r.used.add(spent.used)
+	r.sent = r.sent.add(spent.sent)
+	return nil
+}
+
+func (r *cycleResult) finish() {
+	n := float64(len(r.lat))
+	r.Cycles = len(r.lat)
+	if n == 0 {
+		return
+	}
+	r.Cycle = median(r.rounds)
+	slices.Sort(r.lat)
+	r.P50, r.P99 = percentile(r.lat, 0.5), percentile(r.lat, 0.99)
+	r.Allocs = float64(r.mallocs) / n
+	r.Bytes = float64(r.heap) / n
+	r.Bursts = float64(r.sent.Bursts) / n
+	r.Commands = float64(r.sent.Commands) / n
+	r.Executed = float64(r.used.executed()) / n
+	r.CPU = time.Duration(float64(r.used.cpu) / n)
+	r.Server = r.used.cmds
+	r.lat = nil
+}
