@@ -1,0 +1,278 @@
+package redistest
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+func TestMain(m *testing.M) {
+	if role := ChildRole(); role != "" {
+		os.Exit(runRole(role))
+	}
+	code := m.Run()
+	StopShared()
+	os.Exit(code)
+}
+
+// runRole is the child of TestChild: "echo" answers each line it reads.
+func runRole(role string) int {
+	if role != "echo" {
+		Emit("fatal", "unknown-role", role)
+		return 2
+	}
+	Emit("ready", os.Getenv("ECHO_GREETING"))
+	sc := bufio.NewScanner(os.Stdin)
+	for sc.Scan() {
+		Emit("echo", sc.Text())
+	}
+	return 0
+}
+
+func ctx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), hangGuard)
+	t.Cleanup(cancel)
+	return c
+}
+
+func TestServerRestartAndPause(t *testing.T) {
+	s := Start(t)
+	rdb := redis.NewClient(&redis.Options{Addr: s.Addr(), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = rdb.Close() })
+	if err := rdb.Set(ctx(t), "k", "v", 0).Err(); err != nil {
+		t.Fatalf("SET: got %v, want nil", err)
+	}
+	s.Restart(t)
+	if n, err := rdb.Exists(ctx(t), "k").Result(); err != nil || n != 0 {
+		t.Fatalf("EXISTS k after Restart: got (%d, %v), want (0, nil): nothing persists", n, err)
+	}
+
+	s.Signal(t, syscall.SIGSTOP)
+	short, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	err := rdb.Ping(short).Err()
+	cancel()
+	if err == nil {
+		t.Fatal("PING of a paused server: got an answer, want a timeout")
+	}
+	s.Signal(t, syscall.SIGCONT)
+	if err := rdb.Ping(ctx(t)).Err(); err != nil {
+		t.Fatalf("PING after SIGCONT: got %v, want nil", err)
+	}
+
+	s.Stop()
+	s.Stop() // a second Stop does nothing
+	short, cancel = context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if err := rdb.Ping(short).Err(); err == nil {
+		t.Fatal("PING of a stopped server: got an answer, want an error")
+	}
+}
+
+func TestServerArgs(t *testing.T) {
+	s := Start(t, "--maxmemory", "1mb")
+	got, err := newRDB(t, s.Addr()).ConfigGet(ctx(t), "*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"bind": "127.0.0.1", "save": "", "appendonly": "no", "maxmemory": "1048576", "dir": s.Dir()}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("CONFIG GET %s: got %q, want %q", k, got[k], v)
+		}
+	}
+}
+
+func TestShared(t *testing.T) {
+	if a, b := Shared(t), Shared(t); a != b {
+		t.Fatalf("Shared: got two servers, %v and %v, want one", a.Addr(), b.Addr())
+	}
+}
+
+// TestProxy checks each fault: a paused proxy holds a command until it
+// resumes, a blackhole loses it, latency delays its reply, and a cut reply
+// leaves the command applied and the connection closed.
+func TestProxy(t *testing.T) {
+	p := NewProxy(t, Shared(t).Addr())
+	rdb := redis.NewClient(&redis.Options{Addr: p.Addr(), MaxRetries: -1, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = rdb.Close() })
+	key := "proxy:" + t.Name()
+
+	p.Pause()
+	done := make(chan error, 1)
+	go func() { done <- rdb.Set(context.Background(), key, "1", 0).Err() }()
+	select {
+	case err := <-done:
+		t.Fatalf("SET through a paused proxy: got %v, want no reply while paused", err)
+	case <-time.After(100 * time.Millisecond): // the time passing is the test
+	}
+	p.Resume()
+	if err := <-done; err != nil {
+		t.Fatalf("SET after Resume: got %v, want nil", err)
+	}
+
+	p.SetLatency(150 * time.Millisecond)
+	start := time.Now()
+	if err := rdb.Ping(ctx(t)).Err(); err != nil || time.Since(start) < 150*time.Millisecond {
+		t.Errorf("PING with 150ms latency: got %v after %v, want nil after 150ms or more", err, time.Since(start))
+	}
+
+	p.SetBlackhole(true)
+	short, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	err := rdb.Ping(short).Err()
+	cancel()
+	if err == nil {
+		t.Error("PING through a blackhole: got an answer, want a timeout")
+	}
+	p.Heal()
+	if err := rdb.Ping(ctx(t)).Err(); err != nil {
+		t.Fatalf("PING after Heal: got %v, want nil", err)
+	}
+
+	p.CutReplyTo("incr")
+	if err := rdb.Incr(ctx(t), key).Err(); err == nil {
+		t.Error("INCR whose reply is cut: got a reply, want an error")
+	}
+	if got := p.ReplyCuts(); got != 1 {
+		t.Errorf("ReplyCuts: got %d, want 1", got)
+	}
+	if got, err := newRDB(t, Shared(t).Addr()).Get(ctx(t), key).Int(); err != nil || got != 2 {
+		t.Errorf("the key after an INCR whose reply was cut: got (%d, %v), want (2, nil): applied", got, err)
+	}
+}
+
+func TestChild(t *testing.T) {
+	c := StartChild(t, "echo", "1", "ECHO_GREETING=hello")
+	if got := c.Expect(t, "ready", hangGuard); len(got) != 1 || got[0] != "hello" {
+		t.Fatalf("ready event: got %q, want [hello]", got)
+	}
+	c.Send(t, "a b")
+	c.Send(t, "c")
+	c.Expect(t, "echo", hangGuard) // "a b"
+	if got := c.Expect(t, "echo", hangGuard); len(got) != 1 || got[0] != "c" {
+		t.Fatalf("second echo: got %q, want [c]", got)
+	}
+	if c.Has("echo") {
+		t.Error("Has(echo) after taking both: got true, want false")
+	}
+	c.Signal(t, syscall.SIGSTOP)
+	c.Kill() // a paused child dies too
+	select {
+	case <-c.Exited():
+	default:
+		t.Fatal("Exited after Kill: got open, want closed")
+	}
+}
+
+// recorder is a testing.TB that records what would fail the test.
+type recorder struct {
+	testing.TB
+	errs []string
+}
+
+func (r *recorder) Helper() {}
+func (r *recorder) Errorf(format string, args ...any) {
+	r.errs = append(r.errs, fmt.Sprintf(format, args...))
+}
+
+func TestRegister(t *testing.T) {
+	ctx := ctx(t)
+	cases := []struct {
+		name  string
+		run   func(r *Register) error
+		stale int
+		want  string // in the one failure, or "" for none
+	}{
+		{"in turn", func(r *Register) error {
+			r.Enter("a", 1)()
+			r.Enter("b", 2)()
+			return nil
+		}, 0, ""},
+		{"overlap", func(r *Register) error { // the section that began first is refused at its end
+			end := r.Enter("a", 1)
+			r.Enter("b", 2)()
+			end()
+			return nil
+		}, 1, ""},
+		{"shared fence", func(r *Register) error {
+			r.Enter("a", 3)()
+			r.Enter("b", 3)()
+			return nil
+		}, 0, "share a fence"},
+		{"stale", func(r *Register) error {
+			if ok, err := r.Write(ctx, 5, "a"); !ok || err != nil {
+				return fmt.Errorf("first write: got (%v, %v), want (true, nil)", ok, err)
+			}
+			if ok, err := r.Write(ctx, 4, "b"); ok || err != nil {
+				return fmt.Errorf("stale write: got (%v, %v), want (false, nil)", ok, err)
+			}
+			return nil
+		}, 1, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			r := NewRegister(t)
+			if err := tc.run(r); err != nil {
+				t.Fatal(err)
+			}
+			rec := &recorder{TB: t}
+			_, stale := r.Check(rec)
+			if len(stale) != tc.stale {
+				t.Errorf("stale writes: got %v, want %d", stale, tc.stale)
+			}
+			switch {
+			case tc.want == "" && len(rec.errs) != 0:
+				t.Errorf("Check: got failures %q, want none", rec.errs)
+			case tc.want != "" && (len(rec.errs) != 1 || !strings.Contains(rec.errs[0], tc.want)):
+				t.Errorf("Check: got failures %q, want one saying %q", rec.errs, tc.want)
+			}
+		})
+	}
+}
+
+func TestRegisterCheckSections(t *testing.T) {
+	r := NewRegister(t)
+	r.Enter("a", 1)()
+	rec := &recorder{TB: t}
+	r.CheckSections(rec, 2)
+	if len(rec.errs) != 1 || !strings.Contains(rec.errs[0], "got 1 critical sections, want 2") {
+		t.Errorf("CheckSections with one section of two: got failures %q, want one counting them", rec.errs)
+	}
+	_ = r.Close()
+	rec = &recorder{TB: t}
+	r.Enter("b", 2)()
+	r.mu.Lock()
+	n := len(r.errs)
+	r.mu.Unlock()
+	if n != 2 || !errors.Is(r.errs[0], redis.ErrClosed) {
+		t.Errorf("Enter on a closed register: got errors %v, want two, of a closed client", r.errs)
+	}
+}
+
+// TestReplicaPair: a write reaches the replica, except while the proxied
+// replication link is paused.
+func TestReplicaPair(t *testing.T) {
+	p := StartReplicaPair(t, true)
+	prdb, rrdb := newRDB(t, p.Primary.Addr()), newRDB(t, p.Replica.Addr())
+	p.Link.Pause()
+	if err := prdb.Set(ctx(t), "k", "1", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := prdb.Wait(ctx(t), 1, 100*time.Millisecond).Result(); err != nil || n != 0 {
+		t.Errorf("WAIT 1 while the link is paused: got (%d, %v), want (0, nil)", n, err)
+	}
+	p.Link.Resume()
+	if n, err := prdb.Wait(ctx(t), 1, hangGuard).Result(); err != nil || n != 1 {
+		t.Errorf("WAIT 1 after Resume: got (%d, %v), want (1, nil)", n, err)
+	}
+	if got, err := rrdb.Get(ctx(t), "k").Result(); err != nil || got != "1" {
+		t.Errorf("GET k on the replica: got (%q, %v), want (\"1\", nil)", got, err)
+	}
+}

@@ -1,0 +1,289 @@
+package redistest
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// RequireEnv is the environment variable that, set to 1, makes a missing
+// redis-server or redis-cli fail the tests instead of skipping them. CI sets
+// it.
+const RequireEnv = "REMUTEX_REQUIRE_REDIS"
+
+// packages names the Debian package that provides each program.
+var packages = map[string]string{"redis-server": "redis-server", "redis-cli": "redis-tools"}
+
+// Require returns the path of program (redis-server, redis-cli), skipping
+// the test with the reason when it is not on PATH, or failing it when
+// REMUTEX_REQUIRE_REDIS=1.
+func Require(t testing.TB, program string) string {
+	t.Helper()
+	path, err := exec.LookPath(program)
+	if err != nil {
+		if os.Getenv(RequireEnv) == "1" {
+			t.Fatalf("%s not on PATH and %s=1: %v", program, RequireEnv, err)
+		}
+		t.Skipf("%s not on PATH (install it, e.g. apt-get install %s, to run this test)", program, packages[program])
+	}
+	return path
+}
+
+// Server is a redis-server child process on 127.0.0.1, without persistence.
+type Server struct {
+	bin  string
+	port int
+	dir  string
+	args []string    // extra arguments
+	tls  *tls.Config // a client's, for a TLS-only server; nil for plain text
+
+	mu   sync.Mutex
+	cmd  *exec.Cmd // nil while stopped
+	exit chan struct{}
+}
+
+// Start starts a redis-server on a free loopback port, in a directory of
+// the test's, with extra arguments (e.g. "--maxmemory", "1mb"), and stops it
+// at the end of the test.
+func Start(t testing.TB, extra ...string) *Server {
+	t.Helper()
+	s, err := Launch(Require(t, "redis-server"), t.TempDir(), extra...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Stop)
+	return s
+}
+
+// StartTLS is Start for a server that speaks only TLS on its port: extra
+// must name its certificate files (--tls-cert-file, --tls-key-file,
+// --tls-ca-cert-file), and client is the configuration with which it is
+// checked to answer.
+func StartTLS(t testing.TB, client *tls.Config, extra ...string) *Server {
+	t.Helper()
+	bin := Require(t, "redis-server")
+	dir := t.TempDir()
+	var err error
+	for try := 0; try < 5; try++ {
+		s := &Server{bin: bin, dir: dir, args: extra, tls: client}
+		if s.port, err = FreePort(); err != nil {
+			continue
+		}
+		if err = s.start(); err == nil {
+			t.Cleanup(s.Stop)
+			return s
+		}
+	}
+	t.Fatalf("starting a TLS redis-server: %v", err)
+	return nil
+}
+
+// Launch starts a redis-server like Start, in dir, for a caller that is not
+// a test (or outlives one): the caller stops it, and removes dir.
+func Launch(bin, dir string, extra ...string) (*Server, error) {
+	var err error
+	for try := 0; try < 5; try++ {
+		var port int
+		if port, err = FreePort(); err != nil {
+			continue
+		}
+		var s *Server
+		if s, err = LaunchOn(bin, dir, port, extra...); err == nil {
+			return s, nil
+		}
+	}
+	return nil, fmt.Errorf("starting redis-server: %w", err)
+}
+
+// LaunchOn is Launch on a given port.
+func LaunchOn(bin, dir string, port int, extra ...string) (*Server, error) {
+	s := &Server{bin: bin, port: port, dir: dir, args: extra}
+	if err := s.start(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// FreePort returns a loopback TCP port that was free a moment ago.
+func FreePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// Addr returns host:port.
+func (s *Server) Addr() string { return "127.0.0.1:" + strconv.Itoa(s.port) }
+
+// Port returns the port.
+func (s *Server) Port() int { return s.port }
+
+// Dir returns the server's working directory.
+func (s *Server) Dir() string { return s.dir }
+
+// start launches the process and waits until it answers PING (or asks for a
+// password: it answers).
+func (s *Server) start() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ports := []string{"--port", strconv.Itoa(s.port)}
+	if s.tls != nil {
+		ports = []string{"--port", "0", "--tls-port", strconv.Itoa(s.port)}
+	}
+	args := append(ports, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", s.dir)
+	cmd := exec.Command(s.bin, append(args, s.args...)...)
+	DieWithParent(cmd)
+	out := &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	exit := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exit) }()
+	if err := s.awaitPing(exit); err != nil {
+		_ = cmd.Process.Kill()
+		<-exit
+		return fmt.Errorf("%w; output:\n%s", err, out)
+	}
+	s.cmd, s.exit = cmd, exit
+	return nil
+}
+
+// awaitPing waits up to 10s until the server answers, or exit closes.
+func (s *Server) awaitPing(exit <-chan struct{}) error {
+	rdb := redis.NewClient(&redis.Options{Addr: s.Addr(), TLSConfig: s.tls, MaxRetries: -1})
+	defer rdb.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		err := rdb.Ping(ctx).Err()
+		cancel()
+		if err == nil || redis.HasErrorPrefix(err, "NOAUTH") {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("redis-server did not answer PING within 10s: %w", err)
+		}
+		select {
+		case <-exit:
+			return fmt.Errorf("redis-server exited")
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// Stop kills the server (SIGKILL: nothing is persisted, nothing to save)
+// and waits for it; a paused server is resumed first, so that it can die.
+// Stopping a stopped server does nothing.
+func (s *Server) Stop() {
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil {
+		return
+	}
+	resume(s.cmd.Process)
+	_ = s.cmd.Process.Kill()
+	<-s.exit
+	s.cmd = nil
+}
+
+// Restart kills the server and starts a fresh one on the same port: empty,
+// since nothing is persisted.
+func (s *Server) Restart(t testing.TB) {
+	t.Helper()
+	s.Stop()
+	var err error
+	for try := 0; try < 50; try++ { // the port may linger briefly
+		if err = s.start(); err == nil {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatal(err)
+}
+
+// Signal sends sig (SIGSTOP, SIGCONT) to the server process.
+func (s *Server) Signal(t testing.TB, sig os.Signal) {
+	t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil {
+		t.Fatal("redis-server not running")
+	}
+	if err := s.cmd.Process.Signal(sig); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// shared is the server Shared returns.
+var shared struct {
+	once sync.Once
+	srv  *Server
+	err  error
+}
+
+// Shared returns one redis-server for the ordinary tests of a test binary,
+// started on first use; each test uses keys of its own. Tests that kill,
+// pause or reconfigure a server Start their own. TestMain calls StopShared
+// after the tests.
+func Shared(t testing.TB) *Server {
+	t.Helper()
+	bin := Require(t, "redis-server")
+	shared.once.Do(func() {
+		dir, err := os.MkdirTemp("", "redistest-")
+		if err != nil {
+			shared.err = err
+			return
+		}
+		if shared.srv, shared.err = Launch(bin, dir); shared.err != nil {
+			_ = os.RemoveAll(dir)
+		}
+	})
+	if shared.err != nil {
+		t.Fatal(shared.err)
+	}
+	return shared.srv
+}
+
+// StopShared stops the shared server, if one was started, and removes its
+// directory.
+func StopShared() {
+	if shared.srv != nil {
+		shared.srv.Stop()
+		_ = os.RemoveAll(shared.srv.dir)
+	}
+}
+
+// syncBuffer is an io.Writer safe for concurrent use: a process's output,
+// read while it runs.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf strings.Builder
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}

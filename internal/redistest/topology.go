@@ -1,0 +1,406 @@
+package redistest
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// hangGuard bounds every wait of the harness for a server to reach a state:
+// it turns a hang into a failure and is never a performance target.
+const hangGuard = 20 * time.Second
+
+// adminCtx bounds an administrative command.
+func adminCtx(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), hangGuard)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// waitUntil polls cond until it holds, failing the test after hangGuard.
+// It is for states of servers, which announce nothing.
+func waitUntil(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(hangGuard)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("still not %s after %v", what, hangGuard)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// newRDB returns a go-redis client for addr, closed at the end of the test.
+func newRDB(t testing.TB, addr string) *redis.Client {
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	t.Cleanup(func() { _ = rdb.Close() })
+	return rdb
+}
+
+// StartServers starts n independent redis-servers, e.g. for a quorum.
+func StartServers(t testing.TB, n int) []*Server {
+	t.Helper()
+	srvs := make([]*Server, n)
+	for i := range srvs {
+		srvs[i] = Start(t)
+	}
+	return srvs
+}
+
+// ReplicaPair is a primary and a replica of it. Link is the replica's path
+// to the primary when it goes through a Proxy (which can hold the
+// replication stream), else nil.
+type ReplicaPair struct {
+	Primary, Replica *Server
+	Link             *Proxy
+}
+
+// StartReplicaPair starts a primary and a replica of it (through a Proxy
+// when proxied) and waits until the replica is in sync and acknowledges.
+func StartReplicaPair(t testing.TB, proxied bool) *ReplicaPair {
+	t.Helper()
+	p := &ReplicaPair{Primary: Start(t, "--repl-diskless-sync-delay", "0")}
+	target := p.Primary.Addr()
+	if proxied {
+		p.Link = NewProxy(t, target)
+		target = p.Link.Addr()
+	}
+	host, port, _ := strings.Cut(target, ":")
+	p.Replica = Start(t, "--replicaof", host, port)
+	ctx := adminCtx(t)
+	prdb, rrdb := newRDB(t, p.Primary.Addr()), newRDB(t, p.Replica.Addr())
+	waitUntil(t, "the replica in sync with the primary and acknowledging", func() bool {
+		r, err1 := rrdb.Info(ctx, "replication").Result()
+		m, err2 := prdb.Info(ctx, "replication").Result()
+		if err1 != nil || err2 != nil || !strings.Contains(r, "master_link_status:up") ||
+			!strings.Contains(m, "connected_slaves:1") || !strings.Contains(m, "state=online") {
+			return false
+		}
+		acks, err := prdb.Wait(ctx, 1, 100*time.Millisecond).Result()
+		return err == nil && acks == 1
+	})
+	return p
+}
+
+// Node is one redis-server of a Cluster.
+type Node struct {
+	*Server
+	RDB    *redis.Client // an administrative connection
+	ID     string        // CLUSTER MYID
+	Master *Node         // for a replica, its master
+}
+
+func (n *Node) String() string { return n.Addr() }
+
+// Cluster is a Redis Cluster of redis-servers on 127.0.0.1.
+type Cluster struct {
+	Masters, Replicas []*Node
+}
+
+// StartCluster starts masters masters (at least 3) with replicasPer
+// replicas each, joins them with redis-cli --cluster create, and waits until
+// every node reports cluster_state:ok, knows every other node, and every
+// replica is in sync. The servers are stopped at the end of the test.
+func StartCluster(t testing.TB, masters, replicasPer int) *Cluster {
+	t.Helper()
+	bin := Require(t, "redis-server")
+	cli := Require(t, "redis-cli")
+	nodes := launchNodes(t, bin, masters*(1+replicasPer))
+	ctx := adminCtx(t)
+	args := []string{"--cluster", "create"}
+	for _, n := range nodes {
+		n.RDB = newRDB(t, n.Addr())
+		id, err := n.RDB.Do(ctx, "cluster", "myid").Text()
+		if err != nil {
+			t.Fatalf("CLUSTER MYID on %v: %v", n, err)
+		}
+		n.ID = id
+		args = append(args, n.Addr())
+	}
+	args = append(args, "--cluster-replicas", strconv.Itoa(replicasPer), "--cluster-yes")
+	if out, err := exec.Command(cli, args...).CombinedOutput(); err != nil {
+		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
+	}
+	c := &Cluster{}
+	waitUntil(t, "cluster_state:ok on every node, all nodes known, replicas in sync", func() bool {
+		return c.sortRoles(ctx, nodes, masters)
+	})
+	for _, r := range c.Replicas {
+		repl := r.RDB.Info(ctx, "replication").Val()
+		for _, m := range c.Masters {
+			if strings.Contains(repl, "master_port:"+strconv.Itoa(m.Port())+"\r") {
+				r.Master = m
+			}
+		}
+		if r.Master == nil {
+			t.Fatalf("replica %v: master not found in %q", r, repl)
+		}
+	}
+	return c
+}
+
+// launchNodes starts n cluster-enabled servers at once, stopped at the end
+// of the test.
+func launchNodes(t testing.TB, bin string, n int) []*Node {
+	t.Helper()
+	nodes := make([]*Node, n)
+	errs := make(chan error, n)
+	var wg sync.WaitGroup
+	for i := range nodes {
+		dir := t.TempDir()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			srv, err := launchClusterNode(bin, dir)
+			if err != nil {
+				errs <- err
+				return
+			}
+			nodes[i] = &Node{Server: srv}
+		}()
+	}
+	wg.Wait()
+	for _, n := range nodes {
+		if n != nil {
+			t.Cleanup(n.Stop)
+		}
+	}
+	select {
+	case err := <-errs:
+		t.Fatal(err)
+	default:
+	}
+	return nodes
+}
+
+// launchClusterNode starts a cluster-enabled redis-server in dir. The
+// cluster bus gets a free port of its own: the default, the client port +
+// 10000, may be taken or out of range.
+func launchClusterNode(bin, dir string) (*Server, error) {
+	var err error
+	for try := 0; try < 3; try++ {
+		var bus int
+		if bus, err = FreePort(); err != nil {
+			continue
+		}
+		sub, derr := os.MkdirTemp(dir, "node")
+		if derr != nil {
+			return nil, derr
+		}
+		var srv *Server
+		srv, err = Launch(bin, sub,
+			"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+			"--cluster-port", strconv.Itoa(bus), "--cluster-node-timeout", "5000",
+			"--repl-diskless-sync-delay", "0")
+		if err == nil {
+			return srv, nil
+		}
+	}
+	return nil, err
+}
+
+// sortRoles fills Masters and Replicas from nodes and reports whether the
+// cluster is ready: every node ok and knowing all, masters masters, every
+// replica's link up.
+func (c *Cluster) sortRoles(ctx context.Context, nodes []*Node, masters int) bool {
+	c.Masters, c.Replicas = nil, nil
+	for _, n := range nodes {
+		info, err := n.RDB.ClusterInfo(ctx).Result()
+		if err != nil || !strings.Contains(info, "cluster_state:ok") ||
+			!strings.Contains(info, fmt.Sprintf("cluster_known_nodes:%d", len(nodes))) {
+			return false
+		}
+		repl, err := n.RDB.Info(ctx, "replication").Result()
+		switch {
+		case err != nil:
+			return false
+		case strings.Contains(repl, "role:master"):
+			c.Masters = append(c.Masters, n)
+		case strings.Contains(repl, "master_link_status:up"):
+			c.Replicas = append(c.Replicas, n)
+		default:
+			return false
+		}
+	}
+	return len(c.Masters) == masters && len(c.Replicas) == len(nodes)-masters
+}
+
+// Addrs returns the addresses of the masters.
+func (c *Cluster) Addrs() []string {
+	var a []string
+	for _, n := range c.Masters {
+		a = append(a, n.Addr())
+	}
+	return a
+}
+
+// Client returns a new ClusterClient (a pool of its own, standing for a
+// separate process), closed at the end of the test.
+func (c *Cluster) Client(t testing.TB) *redis.ClusterClient {
+	t.Helper()
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs()})
+	t.Cleanup(func() { _ = cc.Close() })
+	return cc
+}
+
+// Slot returns the slot of key, as the server computes it.
+func (c *Cluster) Slot(t testing.TB, key string) int {
+	t.Helper()
+	s, err := c.Masters[0].RDB.ClusterKeySlot(adminCtx(t), key).Result()
+	if err != nil {
+		t.Fatalf("CLUSTER KEYSLOT %q: %v", key, err)
+	}
+	return int(s)
+}
+
+// Owner returns the master that serves slot according to CLUSTER SLOTS on
+// asked.
+func (c *Cluster) Owner(t testing.TB, asked *Node, slot int) *Node {
+	t.Helper()
+	ranges, err := asked.RDB.ClusterSlots(adminCtx(t)).Result()
+	if err != nil {
+		t.Fatalf("CLUSTER SLOTS on %v: %v", asked, err)
+	}
+	for _, r := range ranges {
+		if r.Start <= slot && slot <= r.End && len(r.Nodes) > 0 {
+			for _, n := range c.Masters {
+				if n.ID == r.Nodes[0].ID {
+					return n
+				}
+			}
+		}
+	}
+	t.Fatalf("no master serves slot %d according to %v", slot, asked)
+	return nil
+}
+
+// ReplicaOf returns a replica of master.
+func (c *Cluster) ReplicaOf(t testing.TB, master *Node) *Node {
+	t.Helper()
+	for _, r := range c.Replicas {
+		if r.Master == master {
+			return r
+		}
+	}
+	t.Fatalf("no replica of %v", master)
+	return nil
+}
+
+// ShardSubs returns the shard-channel subscribers of channel on n.
+func (n *Node) ShardSubs(t testing.TB, channel string) int64 {
+	t.Helper()
+	m, err := n.RDB.PubSubShardNumSub(adminCtx(t), channel).Result()
+	if err != nil {
+		t.Fatalf("PUBSUB SHARDNUMSUB on %v: %v", n, err)
+	}
+	return m[channel]
+}
+
+// Keys returns the keys beginning with prefix on n, sorted (a test server:
+// KEYS is fine).
+func (n *Node) Keys(t testing.TB, prefix string) []string {
+	t.Helper()
+	keys, err := n.RDB.Keys(adminCtx(t), prefix+"*").Result()
+	if err != nil {
+		t.Fatalf("KEYS %s* on %v: %v", prefix, n, err)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+// BeginMigration marks slot as moving from src to dst (IMPORTING on dst,
+// MIGRATING on src), as redis-cli --cluster reshard does.
+func (c *Cluster) BeginMigration(t testing.TB, slot int, src, dst *Node) {
+	t.Helper()
+	ctx := adminCtx(t)
+	if err := dst.RDB.Do(ctx, "cluster", "setslot", slot, "importing", src.ID).Err(); err != nil {
+		t.Fatalf("CLUSTER SETSLOT %d IMPORTING on %v: %v", slot, dst, err)
+	}
+	if err := src.RDB.Do(ctx, "cluster", "setslot", slot, "migrating", dst.ID).Err(); err != nil {
+		t.Fatalf("CLUSTER SETSLOT %d MIGRATING on %v: %v", slot, src, err)
+	}
+}
+
+// MigrateKeys moves keys from src to dst with MIGRATE; with no keys given,
+// it moves every key of slot (CLUSTER GETKEYSINSLOT) until none is left. It
+// returns the keys it moved.
+func (c *Cluster) MigrateKeys(t testing.TB, slot int, src, dst *Node, keys ...string) []string {
+	t.Helper()
+	ctx := adminCtx(t)
+	all := len(keys) == 0
+	var moved []string
+	for {
+		if all {
+			var err error
+			keys, err = src.RDB.ClusterGetKeysInSlot(ctx, slot, 100).Result()
+			if err != nil {
+				t.Fatalf("CLUSTER GETKEYSINSLOT %d on %v: %v", slot, src, err)
+			}
+		}
+		if len(keys) == 0 {
+			return moved
+		}
+		args := []interface{}{"migrate", "127.0.0.1", dst.Port(), "", 0, 5000, "keys"}
+		for _, k := range keys {
+			args = append(args, k)
+		}
+		// NOKEY: the keys expired meanwhile, which is fine.
+		if err := src.RDB.Do(ctx, args...).Err(); err != nil && !strings.HasPrefix(err.Error(), "NOKEY") {
+			t.Fatalf("MIGRATE %v from %v to %v: %v", keys, src, dst, err)
+		}
+		moved = append(moved, keys...)
+		if !all {
+			return moved
+		}
+	}
+}
+
+// EndMigration assigns slot to dst on every master, dst and the source
+// first, as redis-cli --cluster reshard does, and waits until every node of
+// the cluster says dst serves it.
+func (c *Cluster) EndMigration(t testing.TB, slot int, src, dst *Node) {
+	t.Helper()
+	ctx := adminCtx(t)
+	order := []*Node{dst, src}
+	for _, n := range c.Masters {
+		if n != dst && n != src {
+			order = append(order, n)
+		}
+	}
+	for _, n := range order {
+		if err := n.RDB.Do(ctx, "cluster", "setslot", slot, "node", dst.ID).Err(); err != nil {
+			t.Fatalf("CLUSTER SETSLOT %d NODE on %v: %v", slot, n, err)
+		}
+	}
+	waitUntil(t, fmt.Sprintf("every node saying %v serves slot %d", dst, slot), func() bool {
+		for _, n := range append(append([]*Node(nil), c.Masters...), c.Replicas...) {
+			if !n.serves(ctx, slot, dst) {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// serves reports whether n says that master serves slot.
+func (n *Node) serves(ctx context.Context, slot int, master *Node) bool {
+	ranges, err := n.RDB.ClusterSlots(ctx).Result()
+	if err != nil {
+		return false
+	}
+	for _, r := range ranges {
+		if r.Start <= slot && slot <= r.End && len(r.Nodes) > 0 && r.Nodes[0].ID == master.ID {
+			return true
+		}
+	}
+	return false
+}
