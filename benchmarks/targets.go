@@ -1,0 +1,222 @@
+package main
+
+import (
+	"fmt"
+	"math"
+)
+
+// target is one of remutex's targets, measured side by side with the peers
+// in the same run.
+type target struct {
+	What    string
+	Goal    string // "reported" where the figure has no goal
+	Remutex string // remutex's figure
+	Peer    string // the peer compared with, and its figure
+	Ratio   string // remutex's figure over the peer's
+	Known   bool   // the goal could be checked: a goal, and remutex's figure (and the peer's, for a ratio)
+	Met     bool
+
+	mine, ratio    float64 // ratio: NaN without a peer figure to divide by
+	mineOK, peerOK bool
+}
+
+// The peer whose Redis CPU per contended acquisition remutex is held to: the
+// default rueidislock, which hands the lock over without polling.
+const cpuPeer = "rueidislock"
+
+// Better figures are lower or higher.
+const (
+	lower  = true
+	higher = false
+)
+
+func (r *results) targets() []target {
+	cycle, cont := r.cycleMetric, r.contendedMetric
+	ts := []target{
+		r.against("uncontended Lock+Unlock cycle", "", lower, cycle(func(c *cycleResult) float64 { return us(c.Cycle) }), unit("%.1f", "µs")).
+			goal("≤ 1.0× fastest peer (aim 0.9×)", ratioAtMost(1.0)),
+		r.against("allocations per cycle", "", lower, cycle(func(c *cycleResult) float64 { return c.Allocs }), unit("%.1f", "allocs")).
+			goal("≤ 17", atMost(17)),
+		r.against("Redis CPU per uncontended cycle", "", lower, cycle(func(c *cycleResult) float64 { return us(c.CPU) }), unit("%.1f", "µs")).
+			goal("≤ 1.2× cheapest peer", ratioAtMost(1.2)),
+	}
+	cpu := cont(func(c *contendedResult) float64 { return us(c.CPU) })
+	ts = append(ts,
+		r.against("contended: Redis CPU per acquisition", cpuPeer, lower, cpu, unit("%.1f", "µs")).
+			goal("≤ 0.6× "+cpuPeer, ratioAtMost(0.6)),
+		r.against("contended: Redis CPU per acquisition, against the cheapest peer", "", lower, cpu, unit("%.1f", "µs")).
+			goal("reported", nil),
+		r.against("contended: Redis commands executed per acquisition (INFO commandstats)", "", lower,
+			cont(func(c *contendedResult) float64 { return c.Executed }), unit("%.1f", "commands")).
+			goal("reported", nil),
+		r.against("contended: wait p99", "", lower, cont(func(c *contendedResult) float64 { return ms(c.WaitP99) }), unit("%.2f", "ms")).
+			goal("≤ 20 ms", atMost(20)),
+		r.against("contended: wait max", "", lower, cont(func(c *contendedResult) float64 { return ms(c.WaitMax) }), unit("%.2f", "ms")).
+			goal("≤ 50 ms", atMost(50)),
+		r.against("contended: lock utilisation", "", higher, cont(func(c *contendedResult) float64 { return 100 * c.Utilisation }), unit("%.1f", "%")).
+			goal("≥ best peer", ratioAtLeast(1)),
+		r.against("contended: per-worker spread (most ÷ fewest acquisitions)", "", lower, cont(spreadOf), spread).
+			goal("about equal: ≤ 1.2", atMost(1.2)),
+		r.against("contended: overlapping holders", "", lower, cont(func(c *contendedResult) float64 { return float64(c.Overlaps) }), unit("%.0f", "")).
+			goal("0", atMost(0)),
+		r.against("contended: errors", "", lower, cont(func(c *contendedResult) float64 { return float64(c.Errors) }), unit("%.0f", "")).
+			goal("0", atMost(0)),
+	)
+	if t, ok := r.heldTarget(); ok {
+		ts = append(ts, t)
+	}
+	return ts
+}
+
+// against puts remutex's figure f next to the peer's: the named peer, or the
+// one with the best figure, lower or higher being better.
+func (r *results) against(what, peer string, better bool, f metric, show func(float64) string) target {
+	t := target{What: what, ratio: math.NaN()}
+	t.mine, t.mineOK = f(r.remutexName())
+	if t.mineOK {
+		t.Remutex = show(t.mine)
+	}
+	pv, ok := 0.0, false
+	if peer != "" {
+		pv, ok = f(peer)
+	} else {
+		peer, pv, ok = r.best(f, better)
+	}
+	if !ok {
+		return t
+	}
+	t.peerOK = true
+	t.Peer = show(pv) + " (" + peer + ")"
+	if t.mineOK && pv != 0 && !math.IsInf(pv, 0) {
+		t.ratio = t.mine / pv
+		t.Ratio = fmt.Sprintf("%.2f×", t.ratio)
+	}
+	return t
+}
+
+// goal sets the goal and checks it with met; a nil met only reports.
+func (t target) goal(goal string, met func(target) (bool, bool)) target {
+	t.Goal = goal
+	if met != nil {
+		t.Met, t.Known = met(t)
+	}
+	return t
+}
+
+// atMost checks remutex's figure against a bound.
+func atMost(limit float64) func(target) (met, known bool) {
+	return func(t target) (bool, bool) { return t.mine <= limit, t.mineOK }
+}
+
+// ratioAtMost and ratioAtLeast check remutex's figure over the peer's.
+func ratioAtMost(limit float64) func(target) (met, known bool) {
+	return func(t target) (bool, bool) { return t.ratio <= limit, !math.IsNaN(t.ratio) }
+}
+
+func ratioAtLeast(limit float64) func(target) (met, known bool) {
+	return func(t target) (bool, bool) { return t.ratio >= limit, !math.IsNaN(t.ratio) }
+}
+
+// unit shows a figure in format, followed by its unit.
+func unit(format, unit string) func(float64) string {
+	return func(x float64) string {
+		if unit == "" {
+			return fmt.Sprintf(format, x)
+		}
+		return fmt.Sprintf(format+" %s", x, unit)
+	}
+}
+
+// spreadOf is the per-worker spread as a figure: +Inf where a worker never
+// acquired.
+func spreadOf(c *contendedResult) float64 {
+	if c.Spread < 0 {
+		return math.Inf(1)
+	}
+	return c.Spread
+}
+
+// heldTarget is the many-held-locks target: one goroutine renews every hold in
+// batched round trips.
+func (r *results) heldTarget() (target, bool) {
+	h, ok := r.Held[r.remutexName()]
+	if !ok {
+		return target{}, false
+	}
+	rtt := h.perPeriod()
+	return target{What: fmt.Sprintf("%d held locks renewed", h.Locks), Goal: "by one goroutine, in batched round trips (≤ 2 per lease/3)",
+		Remutex: fmt.Sprintf("%.1f round trips per renewal period (lease/3), +%d goroutines, %d lost", rtt, h.Goroutines, h.Lost),
+		Known:   true, Met: rtt <= 2 && h.Goroutines <= 2 && h.Lost == 0 && h.Taken == h.Locks}, true
+}
+
+// metric is one figure of a variant, false where it was not measured.
+type metric func(name string) (float64, bool)
+
+// best returns the peer (not remutex) with the best finite figure f, lower or
+// higher being better.
+func (r *results) best(f metric, better bool) (string, float64, bool) {
+	name, val, found := "", 0.0, false
+	for _, v := range r.Variants {
+		if v.Remutex {
+			continue
+		}
+		x, ok := f(v.Name)
+		if !ok || math.IsNaN(x) || math.IsInf(x, 0) {
+			continue
+		}
+		if !found || (better == lower && x < val) || (better == higher && x > val) {
+			name, val, found = v.Name, x, true
+		}
+	}
+	return name, val, found
+}
+
+// remutexName returns the name of the variant under test, or "".
+func (r *results) remutexName() string {
+	for _, v := range r.Variants {
+		if v.Remutex {
+			return v.Name
+		}
+	}
+	return ""
+}
+
+func (r *results) cycleOf(name string) (*cycleResult, bool) {
+	c, ok := r.Uncontended[name]
+	return c, ok && c.Cycles > 0
+}
+
+func (r *results) contendedOf(name string) (*contendedResult, bool) {
+	c, ok := r.Contended[name]
+	return c, ok && c.Acquisitions > 0
+}
+
+// cycleMetric returns the figure sel picks from each variant's uncontended
+// cycle.
+func (r *results) cycleMetric(sel func(*cycleResult) float64) metric {
+	return metricOf(r.cycleOf, sel)
+}
+
+// contendedMetric returns the figure sel picks from each variant's contended
+// hand-off.
+func (r *results) contendedMetric(sel func(*contendedResult) float64) metric {
+	return metricOf(r.contendedOf, sel)
+}
+
+// metricOf returns the figure sel picks from each variant's result of a
+// scenario, as of finds it.
+func metricOf[T any](of func(name string) (*T, bool), sel func(*T) float64) metric {
+	return func(n string) (float64, bool) {
+		res, ok := of(n)
+		if !ok {
+			return 0, false
+		}
+		return sel(res), true
+	}
+}
+
+// perPeriod is the round trips of the held scenario per renewal period
+// (lease/3).
+func (h *heldResult) perPeriod() float64 {
+	return float64(h.Bursts) / (float64(h.Held) / float64(h.Lease/3))
+}
