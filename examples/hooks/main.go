@@ -11,6 +11,11 @@
 // for renewals and most losses), so it only does quick, non-blocking work:
 // expvar updates are atomic, and the slog handler writes one short line.
 //
+// Each line names its duration for what it measures (took, waited, held,
+// round_trip), and the lines come in the order the lock changed hands: a
+// holder's "released" always before the next holder's "acquired", although
+// the next holder's hook may run first (see holdOrder).
+//
 // The run makes every kind of event happen: two goroutines contend for the
 // lock (acquired, waited, released), the holder keeps it past a few renewals
 // (renewed), a LockContext gives up after its timeout (waited, with an
@@ -63,41 +68,111 @@ func newMetrics() *metrics {
 	return &metrics{vars: new(expvar.Map).Init()}
 }
 
-// hook returns the function for WithHook: it counts ev and logs it.
+// hook returns the function for WithHook: it counts ev and logs it, in the
+// order the lock changed hands (see holdOrder).
 func (m *metrics) hook(log *slog.Logger) func(remutex.Event) {
+	order := newHoldOrder(func(ev remutex.Event) { logEvent(log, ev) })
 	return func(ev remutex.Event) {
-		kind := ev.Kind.String()
-		m.vars.Add(kind, 1)
-		level := slog.LevelInfo
-		switch ev.Kind {
-		case remutex.EventAcquired:
-			m.vars.AddFloat("acquire_seconds", ev.Duration.Seconds())
-		case remutex.EventWaited:
-			m.vars.AddFloat("wait_seconds", ev.Duration.Seconds())
-			if ev.Err != nil {
-				m.vars.Add("waited_gave_up", 1)
-				level = slog.LevelWarn
-			}
-		case remutex.EventReleased:
-			m.vars.AddFloat("held_seconds", ev.Duration.Seconds())
-		case remutex.EventRenewed:
-			m.vars.AddFloat("renew_seconds", ev.Duration.Seconds())
-		case remutex.EventLost:
-			m.vars.AddFloat("held_seconds", ev.Duration.Seconds())
-			level = slog.LevelWarn
-		}
-		attrs := []slog.Attr{
-			slog.String("lock", ev.Lock),
-			slog.String("owner", shortOwner(ev.Owner)),
-			slog.Duration("duration", ev.Duration.Round(time.Microsecond)),
-		}
-		if ev.Fence != 0 {
-			attrs = append(attrs, slog.Int64("fence", ev.Fence))
-		}
+		m.count(ev)
+		order.pass(ev)
+	}
+}
+
+// count counts ev by kind and adds up the duration it carries.
+func (m *metrics) count(ev remutex.Event) {
+	m.vars.Add(ev.Kind.String(), 1)
+	switch ev.Kind {
+	case remutex.EventAcquired:
+		m.vars.AddFloat("acquire_seconds", ev.Duration.Seconds())
+	case remutex.EventWaited:
+		m.vars.AddFloat("wait_seconds", ev.Duration.Seconds())
 		if ev.Err != nil {
-			attrs = append(attrs, slog.String("err", ev.Err.Error()))
+			m.vars.Add("waited_gave_up", 1)
 		}
-		log.LogAttrs(context.Background(), level, "remutex "+kind, attrs...)
+	case remutex.EventReleased, remutex.EventLost:
+		m.vars.AddFloat("held_seconds", ev.Duration.Seconds())
+	case remutex.EventRenewed:
+		m.vars.AddFloat("renew_seconds", ev.Duration.Seconds())
+	}
+}
+
+// logEvent writes one line for ev: Warn for a Lock that gave up waiting and
+// for a lost hold, Info for the rest. The duration is named for what it
+// measures: the time a Lock took, waited, or held the lock, or a renewal's
+// round trip.
+func logEvent(log *slog.Logger, ev remutex.Event) {
+	level := slog.LevelInfo
+	if ev.Err != nil || ev.Kind == remutex.EventLost {
+		level = slog.LevelWarn
+	}
+	attrs := []slog.Attr{
+		slog.String("lock", ev.Lock),
+		slog.String("owner", shortOwner(ev.Owner)),
+		slog.Duration(durationKey[ev.Kind], ev.Duration.Round(time.Microsecond)),
+	}
+	if ev.Fence != 0 {
+		attrs = append(attrs, slog.Int64("fence", ev.Fence))
+	}
+	if ev.Err != nil {
+		attrs = append(attrs, slog.String("err", ev.Err.Error()))
+	}
+	log.LogAttrs(context.Background(), level, "remutex "+ev.Kind.String(), attrs...)
+}
+
+// durationKey names the duration each kind of event carries.
+var durationKey = map[remutex.EventKind]string{
+	remutex.EventAcquired: "took",       // from the Lock call until it held the lock
+	remutex.EventWaited:   "waited",     // from finding the lock busy until it held it or gave up
+	remutex.EventReleased: "held",       // from acquiring to releasing
+	remutex.EventLost:     "held",       // from acquiring to the loss
+	remutex.EventRenewed:  "round_trip", // of the renewal
+}
+
+// holdOrder passes a Client's events on in the order the lock changed hands.
+//
+// The hook runs after the fact, on the goroutine where the event happened:
+// once an Unlock has released the lock in Redis, the next holder may take it
+// and report "acquired" before the Unlock returns and reports "released".
+// Logged as they come, the two lines would read as if both held the lock at
+// once. holdOrder holds a new holder's events back until the previous
+// holder's "released" (or "lost") has been passed on. That is never long:
+// every hold of a Client ends with one of the two, reported as soon as its
+// Unlock returns (or Close, for the holds it ends). A Lock that gave up
+// waiting never held the lock, and is passed on at once.
+type holdOrder struct {
+	mu      sync.Mutex
+	next    func(remutex.Event)
+	holder  map[string]string          // lock -> the owner whose "acquired" was passed on, until its hold ends
+	waiting map[string][]remutex.Event // lock -> events held back until then
+}
+
+func newHoldOrder(next func(remutex.Event)) *holdOrder {
+	return &holdOrder{next: next, holder: map[string]string{}, waiting: map[string][]remutex.Event{}}
+}
+
+func (o *holdOrder) pass(ev remutex.Event) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.passLocked(ev)
+}
+
+func (o *holdOrder) passLocked(ev remutex.Event) {
+	gaveUp := ev.Kind == remutex.EventWaited && ev.Err != nil
+	if h := o.holder[ev.Lock]; h != "" && h != ev.Owner && !gaveUp {
+		o.waiting[ev.Lock] = append(o.waiting[ev.Lock], ev)
+		return
+	}
+	o.next(ev)
+	switch ev.Kind {
+	case remutex.EventAcquired:
+		o.holder[ev.Lock] = ev.Owner
+	case remutex.EventReleased, remutex.EventLost:
+		delete(o.holder, ev.Lock)
+		held := o.waiting[ev.Lock]
+		delete(o.waiting, ev.Lock)
+		for _, e := range held { // in the order they came; some may wait again
+			o.passLocked(e)
+		}
 	}
 }
 
@@ -143,19 +218,10 @@ func run(ctx context.Context, w io.Writer, addr string, m *metrics) error {
 	fmt.Fprintf(out, "hooks: WithHook feeds expvar counters and slog lines; lease %v, renewed at least every %v\n", lease, lease/3)
 	fmt.Fprintf(out, "redis: %s\n", where)
 
-	// The log lines leave out the time, so that runs compare.
-	log := slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{
-		ReplaceAttr: func(groups []string, a slog.Attr) slog.Attr {
-			if len(groups) == 0 && a.Key == slog.TimeKey {
-				return slog.Attr{}
-			}
-			return a
-		},
-	}))
 	rdb := redis.NewClient(&redis.Options{Addr: addr})
 	defer rdb.Close()
 	locks := remutex.NewClient(rdb,
-		remutex.WithHook(m.hook(log)),
+		remutex.WithHook(m.hook(newLogger(out))),
 		remutex.WithLogger(slog.New(slog.DiscardHandler)), // the hook logs losses already
 	)
 	defer locks.Close() // before rdb.Close: deferred calls run last in, first out
@@ -163,14 +229,45 @@ func run(ctx context.Context, w io.Writer, addr string, m *metrics) error {
 	var id [4]byte
 	_, _ = rand.Read(id[:])
 	name := "report:" + hex.EncodeToString(id[:])
-	defer rdb.Del(context.WithoutCancel(ctx), remutex.DefaultKeyPrefix+"{"+name+"}", remutex.DefaultKeyPrefix+"{"+name+"}:fence")
+	key := remutex.DefaultKeyPrefix + "{" + name + "}"
+	defer rdb.Del(context.WithoutCancel(ctx), key, key+":fence")
 	mutex := func() *remutex.DistMutex {
 		return locks.NewMutex(name, remutex.WithLease(lease), remutex.WithFencing())
 	}
 
-	// 1. Contention: the first goroutine holds the lock past a few renewals;
-	// the second waits for it.
 	fmt.Fprintln(out, "-- two goroutines contend; the first holds the lock for one lease")
+	if err := contend(ctx, mutex, lease); err != nil {
+		return err
+	}
+	fmt.Fprintln(out, "-- a LockContext with a 100ms timeout finds the lock held")
+	if err := giveUp(ctx, mutex, 100*time.Millisecond); err != nil {
+		return err
+	}
+	fmt.Fprintln(out, "-- the lock's key is deleted behind its holder's back")
+	if err := lose(ctx, mutex(), rdb, key); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "-- expvar (/debug/vars) \"remutex\": %s\n", m.vars.String())
+	return nil
+}
+
+// newLogger returns a text logger to out that leaves out the time, so that
+// runs compare.
+func newLogger(out io.Writer) *slog.Logger {
+	return slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{
+		ReplaceAttr: func(groups []string, a slog.Attr) slog.Attr {
+			if len(groups) == 0 && a.Key == slog.TimeKey {
+				return slog.Attr{}
+			}
+			return a
+		},
+	}))
+}
+
+// contend has two goroutines take the lock: the first holds it for hold,
+// renewed meanwhile (acquired, renewed, released); the second waits for it
+// (acquired, waited, released).
+func contend(ctx context.Context, mutex func() *remutex.DistMutex, hold time.Duration) error {
 	var wg sync.WaitGroup
 	held := make(chan struct{})
 	errs := make(chan error, 2)
@@ -184,7 +281,7 @@ func run(ctx context.Context, w io.Writer, addr string, m *metrics) error {
 			return
 		}
 		close(held)
-		time.Sleep(lease) // renewed meanwhile
+		time.Sleep(hold)
 		errs <- m1.UnlockContext(ctx)
 	}()
 	go func() {
@@ -204,9 +301,12 @@ func run(ctx context.Context, w io.Writer, addr string, m *metrics) error {
 			return err
 		}
 	}
+	return nil
+}
 
-	// 2. A LockContext that gives up: another goroutine holds the lock.
-	fmt.Fprintln(out, "-- a LockContext with a 100ms timeout finds the lock held")
+// giveUp has a LockContext with a timeout find the lock held by another
+// goroutine (waited, with an error).
+func giveUp(ctx context.Context, mutex func() *remutex.DistMutex, timeout time.Duration) error {
 	holding, release, done := make(chan error, 1), make(chan struct{}), make(chan error, 1)
 	go func() {
 		m3 := mutex()
@@ -221,26 +321,24 @@ func run(ctx context.Context, w io.Writer, addr string, m *metrics) error {
 	if err := <-holding; err != nil {
 		return err
 	}
-	tctx, tcancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	tctx, tcancel := context.WithTimeout(ctx, timeout)
 	err := mutex().LockContext(tctx)
 	tcancel()
 	close(release)
 	if !errors.Is(err, context.DeadlineExceeded) {
 		return fmt.Errorf("LockContext on a held lock: got %v, want a deadline error", err)
 	}
-	if err := <-done; err != nil {
-		return err
-	}
+	return <-done
+}
 
-	// 3. A lost hold: the key is deleted behind the holder's back; the next
-	// renewal finds it gone.
-	fmt.Fprintln(out, "-- the lock's key is deleted behind its holder's back")
-	m4 := mutex()
-	if err := m4.LockContext(ctx); err != nil {
+// lose takes m and deletes its key in Redis behind its back: the next
+// renewal finds it gone (lost), and Unlock reports ErrLockLost.
+func lose(ctx context.Context, m *remutex.DistMutex, rdb *redis.Client, key string) error {
+	if err := m.LockContext(ctx); err != nil {
 		return err
 	}
-	lost := m4.Lost()
-	if err := rdb.Del(ctx, remutex.DefaultKeyPrefix+"{"+name+"}").Err(); err != nil {
+	lost := m.Lost()
+	if err := rdb.Del(ctx, key).Err(); err != nil {
 		return err
 	}
 	select {
@@ -248,10 +346,8 @@ func run(ctx context.Context, w io.Writer, addr string, m *metrics) error {
 	case <-ctx.Done():
 		return errors.New("the hold was not reported lost")
 	}
-	if err := m4.UnlockContext(ctx); !errors.Is(err, remutex.ErrLockLost) {
+	if err := m.UnlockContext(ctx); !errors.Is(err, remutex.ErrLockLost) {
 		return fmt.Errorf("unlock of a lost hold: got %v, want ErrLockLost", err)
 	}
-
-	fmt.Fprintf(out, "-- expvar (/debug/vars) \"remutex\": %s\n", m.vars.String())
 	return nil
 }
