@@ -99,13 +99,14 @@ func (s summary) ok() bool {
 	return len(s.duplicates) == 0 && s.nextLead != 0 && s.nextLead != s.firstLead && s.lastTick > 0 && s.ranBy[s.lastTick] == s.nextLead
 }
 
-// event is something a replica reports to the printer.
+// event is something a replica, or run, reports to the printer.
 type event struct {
-	kind    string // "elected", "tick", "lost", "stale", "again"
+	kind    string // "elected", "tick", "again", "stale", "lost", "dead", "stopped"; "killed" from run
 	replica int
 	tick    int
 	fence   int64
 	err     error
+	at      time.Time // "killed": when
 }
 
 // recordScript records that a tick ran: KEYS = last fence, runs (tick ->
@@ -138,134 +139,117 @@ func run(ctx context.Context, out io.Writer, cfg config, addr string) (summary, 
 		cfg.replicas, cfg.interval, cfg.ticks, cfg.lease)
 	fmt.Fprintf(out, "redis:     %s\n", where)
 
-	var id [6]byte
-	_, _ = rand.Read(id[:])
-	runID := hex.EncodeToString(id[:])
-	lockName := "scheduler:" + runID
-	tag := "{scheduler:" + runID + "}"
-	keys := []string{tag + ":fence", tag + ":runs", tag + ":attempts"}
+	s := newScheduler(cfg)
 	admin := redis.NewClient(&redis.Options{Addr: addr})
 	defer admin.Close()
-	defer admin.Del(context.WithoutCancel(ctx), append(keys,
-		remutex.DefaultKeyPrefix+"{"+lockName+"}", remutex.DefaultKeyPrefix+"{"+lockName+"}:fence")...)
+	defer admin.Del(context.WithoutCancel(ctx), append(s.keys,
+		remutex.DefaultKeyPrefix+"{"+s.lockName+"}", remutex.DefaultKeyPrefix+"{"+s.lockName+"}:fence")...)
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	s := &scheduler{cfg: cfg, lockName: lockName, keys: keys, epoch: time.Now(), events: make(chan event, 64)}
-
-	// Replicas: one pool, one Client and one context each, standing for a
-	// process; kill ends the process.
-	rdbs := make([]*redis.Client, cfg.replicas)
-	clients := make([]*remutex.Client, cfg.replicas)
-	procs := make([]context.Context, cfg.replicas)
-	kills := make([]context.CancelFunc, cfg.replicas)
-	closeOnce := make([]sync.Once, cfg.replicas)
-	closeClient := func(i int) { closeOnce[i].Do(func() { _ = clients[i].Close() }) }
-	for i := range rdbs {
-		rdbs[i] = redis.NewClient(&redis.Options{Addr: addr})
-		defer rdbs[i].Close()
-		// The example reports losses itself; without WithLogger they are
-		// also logged at Warn.
-		clients[i] = remutex.NewClient(rdbs[i], remutex.WithLogger(slog.New(slog.DiscardHandler)))
-		defer closeClient(i) // before its pool closes: deferred calls run last in, first out
-		procs[i], kills[i] = context.WithCancel(ctx)
-		defer kills[i]()
-	}
-	kill := func(i int) {
-		kills[i]()     // its code stops...
-		closeClient(i) // ...and its Client with it
-	}
+	reps := startReplicas(ctx, addr, cfg.replicas)
+	defer reps.close()
 	var wg sync.WaitGroup
-	for i := range clients {
+	for i := range reps.clients {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			s.replica(ctx, procs[i], i+1, clients[i], rdbs[i])
+			s.replica(ctx, reps.procs[i], i+1, reps.clients[i], reps.rdbs[i])
 		}()
 	}
+	p := startPrinter(out, cfg.failAt, s.events)
 
-	// The printer: the only goroutine that writes to out until the replicas
-	// are done. It tells this goroutine when tick failAt ran, and by whom.
-	failNow := make(chan int, 1)
-	elected := make(chan int, 1)
-	printed := make(chan struct{})
-	var closedAt time.Time
-	var closedMu sync.Mutex
-	go func() {
-		defer close(printed)
-		failing := false
-		for ev := range s.events {
-			name := fmt.Sprintf("replica-%d", ev.replica)
-			switch ev.kind {
-			case "elected":
-				closedMu.Lock()
-				since := closedAt
-				closedMu.Unlock()
-				if since.IsZero() {
-					fmt.Fprintf(out, "%-10s elected leader (fencing token %d)\n", name, ev.fence)
-				} else {
-					fmt.Fprintf(out, "%-10s elected leader (fencing token %d), %v after the old leader died\n",
-						name, ev.fence, time.Since(since).Round(time.Millisecond))
-					select {
-					case elected <- ev.replica:
-					default:
-					}
-				}
-			case "tick":
-				fmt.Fprintf(out, "tick %-5d run by %s\n", ev.tick, name)
-				if ev.tick >= cfg.failAt && !failing {
-					failing = true
-					failNow <- ev.replica
-				}
-			case "again":
-				fmt.Fprintf(out, "tick %-5d run by %s AGAIN: it already ran\n", ev.tick, name)
-			case "stale":
-				fmt.Fprintf(out, "tick %-5d refused for %s: fencing token %d is stale\n", ev.tick, name, ev.fence)
-			case "lost":
-				fmt.Fprintf(out, "%-10s lost the lock, job stopped: %v\n", name, ev.err)
-			case "dead":
-				fmt.Fprintf(out, "%-10s Lost closed, job stopped; nothing unlocks, so the lock expires within its lease\n", name)
-			case "stopped":
-				fmt.Fprintf(out, "%-10s stopped: %v\n", name, ev.err)
-			}
-		}
-	}()
-
-	sum := summary{}
-	end := time.NewTimer(time.Until(s.epoch.Add(time.Duration(cfg.ticks)*cfg.interval + cfg.interval/2)))
-	defer end.Stop()
+	var sum summary
+	sum.firstLead = s.killLeader(ctx, p, reps)
+	cancel()
+	wg.Wait()
+	close(s.events)
+	<-p.done
+	if err := ctx.Err(); err != nil && !errors.Is(err, context.Canceled) {
+		return summary{}, err
+	}
+	if err := s.readBack(context.WithoutCancel(ctx), admin, &sum); err != nil {
+		return summary{}, err
+	}
 	select {
-	case sum.firstLead = <-failNow:
-		closedMu.Lock()
-		closedAt = time.Now()
-		closedMu.Unlock()
-		fmt.Fprintf(out, "%-10s replica-%d dies: its Client is closed and its code stops\n", "--", sum.firstLead)
-		kill(sum.firstLead - 1)
+	case sum.nextLead = <-p.elected:
+	default:
+	}
+	report(out, cfg, sum)
+	return sum, nil
+}
+
+// replicas are the processes of the deployment: one pool, one Client and one
+// context each; kill ends a process.
+type replicas struct {
+	rdbs      []*redis.Client
+	clients   []*remutex.Client
+	procs     []context.Context
+	kills     []context.CancelFunc
+	closeOnce []sync.Once
+}
+
+func startReplicas(ctx context.Context, addr string, n int) *replicas {
+	r := &replicas{
+		rdbs: make([]*redis.Client, n), clients: make([]*remutex.Client, n),
+		procs: make([]context.Context, n), kills: make([]context.CancelFunc, n), closeOnce: make([]sync.Once, n),
+	}
+	for i := range n {
+		r.rdbs[i] = redis.NewClient(&redis.Options{Addr: addr})
+		// The example reports losses itself; without WithLogger they are
+		// also logged at Warn.
+		r.clients[i] = remutex.NewClient(r.rdbs[i], remutex.WithLogger(slog.New(slog.DiscardHandler)))
+		r.procs[i], r.kills[i] = context.WithCancel(ctx)
+	}
+	return r
+}
+
+// kill ends process i: its code stops, and its Client with it.
+func (r *replicas) kill(i int) {
+	r.kills[i]()
+	r.closeOnce[i].Do(func() { _ = r.clients[i].Close() })
+}
+
+// close ends every process, each Client before its pool.
+func (r *replicas) close() {
+	for i := len(r.rdbs) - 1; i >= 0; i-- {
+		r.kill(i)
+		_ = r.rdbs[i].Close()
+	}
+}
+
+// killLeader waits until the leader has run tick failAt and kills its
+// process, then waits for the end of the run. It returns the leader it
+// killed, 0 if no tick ran by then.
+func (s *scheduler) killLeader(ctx context.Context, p *printer, reps *replicas) int {
+	end := time.NewTimer(time.Until(s.epoch.Add(time.Duration(s.cfg.ticks)*s.cfg.interval + s.cfg.interval/2)))
+	defer end.Stop()
+	leader := 0
+	select {
+	case leader = <-p.failNow:
+		s.events <- event{kind: "killed", replica: leader, at: time.Now()}
+		reps.kill(leader - 1)
 	case <-end.C: // no tick ran by then: the summary says so
+		return 0
 	case <-ctx.Done():
 	}
-	// Let the run reach its last tick, then stop every replica.
+	// Let the run reach its last tick.
 	select {
 	case <-end.C:
 	case <-ctx.Done():
 	}
-	cancel()
-	wg.Wait()
-	close(s.events)
-	<-printed
-	if err := ctx.Err(); err != nil && !errors.Is(err, context.Canceled) {
-		return summary{}, err
-	}
+	return leader
+}
 
-	// Read back what ran.
-	rctx := context.WithoutCancel(ctx)
-	runs, err := admin.HGetAll(rctx, keys[1]).Result()
+// readBack reads from Redis which ticks ran, by whom, and which ran twice.
+func (s *scheduler) readBack(ctx context.Context, admin *redis.Client, sum *summary) error {
+	runs, err := admin.HGetAll(ctx, s.keys[1]).Result()
 	if err != nil {
-		return summary{}, err
+		return err
 	}
-	attempts, err := admin.HGetAll(rctx, keys[2]).Result()
+	attempts, err := admin.HGetAll(ctx, s.keys[2]).Result()
 	if err != nil {
-		return summary{}, err
+		return err
 	}
 	sum.ranBy = map[int]int{}
 	for k, v := range runs {
@@ -280,17 +264,77 @@ func run(ctx context.Context, out io.Writer, cfg config, addr string) (summary, 
 		}
 	}
 	sort.Ints(sum.duplicates)
-	select {
-	case sum.nextLead = <-elected:
-	default:
+	return nil
+}
+
+// printer is the only goroutine that writes to out until the replicas are
+// done. It tells run when tick failAt ran, and by whom, and who was elected
+// after the leader was killed.
+type printer struct {
+	out     io.Writer
+	failAt  int
+	failNow chan int      // the leader that ran tick failAt (or the first after it that ran)
+	elected chan int      // the leader elected after the old one was killed
+	done    chan struct{} // closed once events is closed and printed
+	killed  time.Time     // when the old leader was killed
+	failing bool          // failNow was sent
+}
+
+func startPrinter(out io.Writer, failAt int, events <-chan event) *printer {
+	p := &printer{out: out, failAt: failAt, failNow: make(chan int, 1), elected: make(chan int, 1), done: make(chan struct{})}
+	go func() {
+		defer close(p.done)
+		for ev := range events {
+			p.print(ev)
+		}
+	}()
+	return p
+}
+
+func (p *printer) print(ev event) {
+	name := fmt.Sprintf("replica-%d", ev.replica)
+	switch ev.kind {
+	case "elected":
+		if p.killed.IsZero() {
+			fmt.Fprintf(p.out, "%-10s elected leader (fencing token %d)\n", name, ev.fence)
+			return
+		}
+		fmt.Fprintf(p.out, "%-10s elected leader (fencing token %d), %v after the old leader died\n",
+			name, ev.fence, time.Since(p.killed).Round(time.Millisecond))
+		select {
+		case p.elected <- ev.replica:
+		default:
+		}
+	case "tick":
+		fmt.Fprintf(p.out, "tick %-5d run by %s\n", ev.tick, name)
+		if ev.tick >= p.failAt && !p.failing {
+			p.failing = true
+			p.failNow <- ev.replica
+		}
+	case "killed":
+		p.killed = ev.at
+		fmt.Fprintf(p.out, "%-10s %s dies: its Client is closed and its code stops\n", "--", name)
+	case "again":
+		fmt.Fprintf(p.out, "tick %-5d run by %s AGAIN: it already ran\n", ev.tick, name)
+	case "stale":
+		fmt.Fprintf(p.out, "tick %-5d refused for %s: fencing token %d is stale\n", ev.tick, name, ev.fence)
+	case "lost":
+		fmt.Fprintf(p.out, "%-10s lost the lock, job stopped: %v\n", name, ev.err)
+	case "dead":
+		fmt.Fprintf(p.out, "%-10s Lost closed, job stopped; nothing unlocks, so the lock expires within its lease\n", name)
+	case "stopped":
+		fmt.Fprintf(p.out, "%-10s stopped: %v\n", name, ev.err)
 	}
+}
+
+// report prints the summary of a run and the verdict.
+func report(out io.Writer, cfg config, sum summary) {
 	fmt.Fprintf(out, "summary:   %s\n", describe(cfg, sum))
 	if sum.ok() {
 		fmt.Fprintln(out, "verdict:   ok: one leader at a time, no tick ran twice, and a replica took over from the dead one")
 	} else {
 		fmt.Fprintln(out, "verdict:   FAIL: want every tick run at most once and a failover to another replica")
 	}
-	return sum, nil
 }
 
 // describe renders who ran which ticks: "1-5 by replica-2, 6-8 skipped, ...".
@@ -332,6 +376,19 @@ type scheduler struct {
 	keys     []string
 	epoch    time.Time // tick k is due at epoch + k*interval
 	events   chan event
+}
+
+// newScheduler returns the schedule of a run of its own, starting now: its
+// lock and keys have a random name.
+func newScheduler(cfg config) *scheduler {
+	var id [6]byte
+	_, _ = rand.Read(id[:])
+	runID := hex.EncodeToString(id[:])
+	tag := "{scheduler:" + runID + "}"
+	return &scheduler{
+		cfg: cfg, lockName: "scheduler:" + runID, keys: []string{tag + ":fence", tag + ":runs", tag + ":attempts"},
+		epoch: time.Now(), events: make(chan event, 64),
+	}
 }
 
 // replica is one process: it campaigns for the lock until the run ends, and
