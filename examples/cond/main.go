@@ -206,74 +206,20 @@ func run(ctx context.Context, out io.Writer, cfg config, addr string) (result, e
 		cfg.capacity, cfg.producers, cfg.items, cfg.consumers, cfg.work)
 	fmt.Fprintf(out, "redis:     %s\n", where)
 
-	var id [6]byte
-	_, _ = rand.Read(id[:])
-	run := "cond:" + hex.EncodeToString(id[:])
 	rdb := redis.NewClient(&redis.Options{Addr: addr})
 	defer rdb.Close()
 	locks := remutex.NewClient(rdb)
 	defer locks.Close() // before rdb.Close: deferred calls run last in, first out
-	b := &buffer{
-		rdb: rdb, m: locks.NewMutex(run),
-		list: run + ":items", consumed: run + ":consumed",
-		capacity: int64(cfg.capacity), total: int64(cfg.producers * cfg.items),
-	}
-	b.notFull, b.notEmpty = sync.NewCond(b.m), sync.NewCond(b.m)
+	b := newBuffer(rdb, locks, cfg)
 	defer rdb.Del(context.WithoutCancel(ctx), b.list, b.consumed)
 
 	var res result
-	var (
-		mu       sync.Mutex
-		seen     = map[string]int{}
-		firstErr error
-		wg       sync.WaitGroup
-	)
-	fail := func(err error) {
-		mu.Lock()
-		defer mu.Unlock()
-		if firstErr == nil {
-			firstErr = err
-			cancel()
-		}
-	}
-
+	c := &crew{b: b, seen: map[string]int{}, cancel: cancel}
 	// Consumers first: they find the buffer empty and wait.
 	for range cfg.consumers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				item, err := b.consume(ctx)
-				if err != nil {
-					fail(err)
-					return
-				}
-				if item == "" {
-					return
-				}
-				mu.Lock()
-				seen[item]++
-				mu.Unlock()
-				time.Sleep(cfg.work) // handle the item, without the lock
-			}
-		}()
+		c.start(func() { c.consume(ctx, cfg.work) })
 	}
-
-	// While every consumer waits, the lock is free in Redis: another process
-	// (a Client of its own) can take it.
-	other := remutex.NewClient(rdb)
-	deadline := time.Now().Add(10 * time.Second)
-	for b.waiting.Load() < int64(cfg.consumers) && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
-	om := other.NewMutex(run)
-	octx, ocancel := context.WithTimeout(ctx, 5*time.Second)
-	if err := om.LockContext(octx); err == nil {
-		res.freeWhileWaiting = b.waiting.Load() == int64(cfg.consumers)
-		_ = om.UnlockContext(ctx)
-	}
-	ocancel()
-	_ = other.Close()
+	res.freeWhileWaiting = freeWhileWaiting(ctx, rdb, b, cfg.consumers)
 	if res.freeWhileWaiting {
 		fmt.Fprintf(out, "waiting:   all %d consumers in Cond.Wait on the empty buffer; another Client took the lock meanwhile: Wait released it\n", cfg.consumers)
 	} else {
@@ -282,49 +228,139 @@ func run(ctx context.Context, out io.Writer, cfg config, addr string) (result, e
 
 	start := time.Now()
 	for p := range cfg.producers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range cfg.items {
-				if err := b.produce(ctx, fmt.Sprintf("p%d-%d", p+1, i+1)); err != nil {
-					fail(err)
-					return
-				}
-			}
-		}()
+		c.start(func() { c.produce(ctx, p+1, cfg.items) })
 	}
-	wg.Wait()
-	if firstErr != nil {
-		return result{}, firstErr
+	c.wg.Wait()
+	if c.err != nil {
+		return result{}, c.err
 	}
-	res.produced = cfg.producers * cfg.items
-	for _, n := range seen {
-		res.consumed += n
-		if n > 1 {
-			res.duplicates++
-		}
-	}
-	res.maxLen, res.fullWaits, res.emptyWaits = b.maxLen.Load(), b.fullWaits.Load(), b.emptyWaits.Load()
+	c.tally(&res, cfg)
 	fmt.Fprintf(out, "buffer:    produced %d, consumed %d distinct items (%d twice) in %v; the buffer held at most %d\n",
-		res.produced, len(seen), res.duplicates, time.Since(start).Round(time.Millisecond), res.maxLen)
+		res.produced, len(c.seen), res.duplicates, time.Since(start).Round(time.Millisecond), res.maxLen)
 	fmt.Fprintf(out, "waits:     producers waited %d times for room (notFull), consumers %d times for items (notEmpty)\n",
 		res.fullWaits, res.emptyWaits)
 
-	// The hold-count rule: a goroutine that holds the lock twice must not
-	// Wait. The wait helper refuses instead of waiting forever.
-	func() {
-		b.m.Lock()
-		defer b.m.Unlock()
-		b.m.Lock() // nested, as a helper that locks again would
-		defer b.m.Unlock()
-		res.refused = wait(b.notEmpty, b.m)
-	}()
+	res.refused = waitTwiceHeld(b)
 	fmt.Fprintf(out, "rule:      a goroutine holding the lock twice called wait: %v\n", res.refused)
-
 	if res.ok(cfg) {
 		fmt.Fprintln(out, "verdict:   ok: every item consumed exactly once, the buffer never overflowed")
 	} else {
 		fmt.Fprintln(out, "verdict:   FAIL")
 	}
 	return res, nil
+}
+
+// newBuffer returns an empty buffer of a run of its own, under a lock of its
+// own.
+func newBuffer(rdb *redis.Client, locks *remutex.Client, cfg config) *buffer {
+	var id [6]byte
+	_, _ = rand.Read(id[:])
+	run := "cond:" + hex.EncodeToString(id[:])
+	b := &buffer{
+		rdb: rdb, m: locks.NewMutex(run),
+		list: run + ":items", consumed: run + ":consumed",
+		capacity: int64(cfg.capacity), total: int64(cfg.producers * cfg.items),
+	}
+	b.notFull, b.notEmpty = sync.NewCond(b.m), sync.NewCond(b.m)
+	return b
+}
+
+// crew is the producer and consumer goroutines, and what they saw.
+type crew struct {
+	b      *buffer
+	cancel context.CancelFunc // stops the others after a failure
+	wg     sync.WaitGroup
+	mu     sync.Mutex
+	seen   map[string]int // item -> times consumed
+	err    error          // the first failure
+}
+
+// start runs f in a goroutine of the crew.
+func (c *crew) start(f func()) {
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		f()
+	}()
+}
+
+// fail records the first failure and stops the others.
+func (c *crew) fail(err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err == nil {
+		c.err = err
+		c.cancel()
+	}
+}
+
+// consume is a consumer: it takes items until every item was consumed,
+// handling each for work without the lock.
+func (c *crew) consume(ctx context.Context, work time.Duration) {
+	for {
+		item, err := c.b.consume(ctx)
+		if err != nil {
+			c.fail(err)
+			return
+		}
+		if item == "" {
+			return
+		}
+		c.mu.Lock()
+		c.seen[item]++
+		c.mu.Unlock()
+		time.Sleep(work) // handle the item, without the lock
+	}
+}
+
+// produce is producer p: it makes items, "p<p>-1" and on.
+func (c *crew) produce(ctx context.Context, p, items int) {
+	for i := range items {
+		if err := c.b.produce(ctx, fmt.Sprintf("p%d-%d", p, i+1)); err != nil {
+			c.fail(err)
+			return
+		}
+	}
+}
+
+// tally adds up what the crew saw, once it is done.
+func (c *crew) tally(res *result, cfg config) {
+	res.produced = cfg.producers * cfg.items
+	for _, n := range c.seen {
+		res.consumed += n
+		if n > 1 {
+			res.duplicates++
+		}
+	}
+	res.maxLen, res.fullWaits, res.emptyWaits = c.b.maxLen.Load(), c.b.fullWaits.Load(), c.b.emptyWaits.Load()
+}
+
+// freeWhileWaiting reports whether, while all consumers wait, another
+// process (a Client of its own) can take the lock: it is free in Redis.
+func freeWhileWaiting(ctx context.Context, rdb *redis.Client, b *buffer, consumers int) bool {
+	other := remutex.NewClient(rdb)
+	defer other.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for b.waiting.Load() < int64(consumers) && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	om := other.NewMutex(b.m.Name())
+	octx, ocancel := context.WithTimeout(ctx, 5*time.Second)
+	defer ocancel()
+	if err := om.LockContext(octx); err != nil {
+		return false
+	}
+	free := b.waiting.Load() == int64(consumers)
+	_ = om.UnlockContext(ctx)
+	return free
+}
+
+// waitTwiceHeld shows the hold-count rule: a goroutine that holds the lock
+// twice must not Wait. The wait helper refuses instead of waiting forever.
+func waitTwiceHeld(b *buffer) error {
+	b.m.Lock()
+	defer b.m.Unlock()
+	b.m.Lock() // nested, as a helper that locks again would
+	defer b.m.Unlock()
+	return wait(b.notEmpty, b.m)
 }
