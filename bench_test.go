@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"math"
 	"os"
 	"os/exec"
@@ -20,6 +19,8 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/remutex/remutex/internal/redistest"
 )
 
 // Benchmarks run on REDIS_ADDR when it is set, else on the shared
@@ -48,7 +49,7 @@ func benchAddr(b *testing.B) string {
 		return addr
 	}
 	if _, err := exec.LookPath("redis-server"); err == nil || os.Getenv("REMUTEX_REQUIRE_REDIS") == "1" {
-		return sharedServer.get(b).Addr()
+		return redistest.Shared(b).Addr()
 	}
 	mr := miniredis.NewMiniRedis()
 	if err := mr.StartAddr("127.0.0.1:0"); err != nil {
@@ -110,16 +111,6 @@ func benchRDB(b *testing.B, addr string, cnt *rttCounter) *redis.Client {
 	return rdb
 }
 
-// benchClient returns a Client on rdb that logs nothing, closed at cleanup
-// (before rdb, whose cleanup was registered earlier).
-func benchClient(b *testing.B, rdb *redis.Client, opts ...Option) *Client {
-	b.Helper()
-	opts = append([]Option{WithLogger(slog.New(slog.DiscardHandler))}, opts...)
-	c := NewClient(rdb, opts...)
-	b.Cleanup(func() { _ = c.Close() })
-	return c
-}
-
 var benchSeq atomic.Int64
 
 // benchName returns a lock name used by no other benchmark run.
@@ -133,7 +124,7 @@ func benchName(b *testing.B) string {
 func BenchmarkLockUnlock(b *testing.B) {
 	addr := benchAddr(b)
 	var cnt rttCounter
-	c := benchClient(b, benchRDB(b, addr, &cnt))
+	c := clientOn(b, benchRDB(b, addr, &cnt))
 	m := c.NewMutex(benchName(b))
 	m.Lock() // load the scripts, open the connection
 	m.Unlock()
@@ -158,7 +149,7 @@ func BenchmarkNested(b *testing.B) {
 		b.Run("depth="+strconv.Itoa(depth), func(b *testing.B) {
 			addr := benchAddr(b)
 			var cnt rttCounter
-			c := benchClient(b, benchRDB(b, addr, &cnt))
+			c := clientOn(b, benchRDB(b, addr, &cnt))
 			m := c.NewMutex(benchName(b))
 			m.Lock()
 			m.Unlock()
@@ -191,11 +182,11 @@ func BenchmarkNested(b *testing.B) {
 func BenchmarkTryLockFail(b *testing.B) {
 	addr := benchAddr(b)
 	name := benchName(b)
-	holder := benchClient(b, benchRDB(b, addr, nil)).NewMutex(name)
+	holder := clientOn(b, benchRDB(b, addr, nil)).NewMutex(name)
 	holder.Lock()
 	defer holder.Unlock()
 	var cnt rttCounter
-	m := benchClient(b, benchRDB(b, addr, &cnt)).NewMutex(name)
+	m := clientOn(b, benchRDB(b, addr, &cnt)).NewMutex(name)
 	if m.TryLock() {
 		b.Fatal("TryLock succeeded on a lock held by another Client")
 	}
@@ -220,7 +211,7 @@ func BenchmarkParallelDistinctKeys(b *testing.B) {
 		b.Run("goroutines="+strconv.Itoa(goroutines), func(b *testing.B) {
 			addr := benchAddr(b)
 			var cnt rttCounter
-			c := benchClient(b, benchRDB(b, addr, &cnt))
+			c := clientOn(b, benchRDB(b, addr, &cnt))
 			base := benchName(b)
 			warm := c.NewMutex(base)
 			warm.Lock()
@@ -268,7 +259,7 @@ func benchContended(b *testing.B, busy bool) {
 	var cnt rttCounter
 	mutexes := make([]*DistMutex, clients)
 	for i := range mutexes {
-		mutexes[i] = benchClient(b, benchRDB(b, addr, &cnt)).NewMutex(name)
+		mutexes[i] = clientOn(b, benchRDB(b, addr, &cnt)).NewMutex(name)
 		mutexes[i].Lock()
 		mutexes[i].Unlock()
 	}
@@ -451,7 +442,7 @@ func benchWatchdog(b *testing.B, holds int) {
 		b.Fatal(err)
 	}
 	info := benchRDB(b, addr, nil)
-	c := benchClient(b, rdb)
+	c := clientOn(b, rdb)
 	base := benchName(b)
 	mutexes := make([]*DistMutex, holds)
 	var wg sync.WaitGroup

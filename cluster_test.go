@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/remutex/remutex/internal/redistest"
 )
 
 // Tests on a real Redis Cluster started by the test: keys of a lock in one
@@ -22,7 +24,7 @@ import (
 // TestCluster runs on one cluster of three masters with a replica each;
 // its subtests leave the cluster as they found it, so they share it.
 func TestCluster(t *testing.T) {
-	tc := startCluster(t, 3, 1)
+	tc := redistest.StartCluster(t, 3, 1)
 	t.Run("KeysShareOneSlot", func(t *testing.T) { testClusterKeysShareOneSlot(t, tc) })
 	t.Run("Exclusion", func(t *testing.T) { testClusterExclusion(t, tc) })
 	t.Run("WaitersWokenOnTheirMaster", func(t *testing.T) { testClusterWaitersWoken(t, tc) })
@@ -34,16 +36,16 @@ func TestCluster(t *testing.T) {
 // their own, that every key a lock uses (hash, fence counter, queue, queue
 // deadlines, release marker) and its channel hash to one slot and live on
 // the master that serves it.
-func testClusterKeysShareOneSlot(t *testing.T, tc *testCluster) {
+func testClusterKeysShareOneSlot(t *testing.T, tc *redistest.Cluster) {
 	for _, name := range []string{"a", "{user1}:cart", "x}y", "{}", "a{b}c{d}"} {
 		t.Run(name, func(t *testing.T) {
-			ctx := topoCtx(t)
+			ctx := testCtx(t, hangGuard)
 			prefix := topoPrefix(t)
-			ma := topoClient(t, tc.client(t), WithKeyPrefix(prefix)).NewMutex(name, WithFencing())
-			mb := topoClient(t, tc.client(t), WithKeyPrefix(prefix)).NewMutex(name, WithFencing())
+			ma := clientOn(t, tc.Client(t), WithKeyPrefix(prefix)).NewMutex(name, WithFencing())
+			mb := clientOn(t, tc.Client(t), WithKeyPrefix(prefix)).NewMutex(name, WithFencing())
 			hash := prefix + "{" + name + "}"
-			slot := tc.slot(t, hash)
-			owner := tc.owner(t, tc.masters[0], slot)
+			slot := tc.Slot(t, hash)
+			owner := tc.Owner(t, tc.Masters[0], slot)
 
 			if err := ma.LockContext(ctx); err != nil {
 				t.Fatalf("LockContext(%q): got %v, want nil", name, err)
@@ -51,14 +53,14 @@ func testClusterKeysShareOneSlot(t *testing.T, tc *testCluster) {
 			fa := ma.Fence()
 			w := lockAsync(t, mb, nil, "")
 			waitFor(t, "the waiter queued on "+owner.String(), func() bool {
-				return owner.rdb.Exists(ctx, hash+":queue").Val() == 1
+				return owner.RDB.Exists(ctx, hash+":queue").Val() == 1
 			})
 			want := []string{hash, hash + ":fence", hash + ":queue", hash + ":queue:alive"}
 			checkLockKeys(t, tc, owner, prefix, slot, want)
-			if got := tc.slot(t, hash+":released"); got != slot {
+			if got := tc.Slot(t, hash+":released"); got != slot {
 				t.Errorf("channel %s:released is in slot %d, want %d", hash, got, slot)
 			}
-			if got := shardSubs(t, owner, hash+":released"); got != 1 {
+			if got := owner.ShardSubs(t, hash+":released"); got != 1 {
 				t.Errorf("SHARDNUMSUB %s:released on %v: got %d, want 1", hash, owner, got)
 			}
 
@@ -80,22 +82,22 @@ func testClusterKeysShareOneSlot(t *testing.T, tc *testCluster) {
 
 // checkLockKeys checks that the keys under prefix are exactly want, all on
 // owner and in slot.
-func checkLockKeys(t *testing.T, tc *testCluster, owner *clusterNode, prefix string, slot int, want []string) {
+func checkLockKeys(t *testing.T, tc *redistest.Cluster, owner *redistest.Node, prefix string, slot int, want []string) {
 	t.Helper()
 	slices.Sort(want)
-	if got := keysWithPrefix(t, owner.rdb, prefix); !slices.Equal(got, want) {
+	if got := redistest.KeysWithPrefix(t, owner.RDB, prefix); !slices.Equal(got, want) {
 		t.Errorf("keys on %v (serving slot %d): got %q, want %q", owner, slot, got, want)
 	}
 	for _, k := range want {
-		if got := tc.slot(t, k); got != slot {
+		if got := tc.Slot(t, k); got != slot {
 			t.Errorf("key %q is in slot %d, want %d", k, got, slot)
 		}
 	}
-	for _, n := range tc.masters {
+	for _, n := range tc.Masters {
 		if n == owner {
 			continue
 		}
-		if got := keysWithPrefix(t, n.rdb, prefix); len(got) > 0 {
+		if got := redistest.KeysWithPrefix(t, n.RDB, prefix); len(got) > 0 {
 			t.Errorf("keys on %v, which does not serve slot %d: got %q, want none", n, slot, got)
 		}
 	}
@@ -103,39 +105,39 @@ func checkLockKeys(t *testing.T, tc *testCluster, owner *clusterNode, prefix str
 
 // testClusterExclusion runs Clients on separate ClusterClients against one
 // lock: no two critical sections overlap, and fences strictly increase.
-func testClusterExclusion(t *testing.T, tc *testCluster) {
+func testClusterExclusion(t *testing.T, tc *redistest.Cluster) {
 	const clients, goroutines, rounds = 3, 2, 8
 	name := lockName(t)
 	var mutexes []*DistMutex
 	for i := 0; i < clients; i++ {
-		mutexes = append(mutexes, topoClient(t, tc.client(t)).NewMutex(name, WithFencing()))
+		mutexes = append(mutexes, clientOn(t, tc.Client(t)).NewMutex(name, WithFencing()))
 	}
-	reg := &fencedRegister{}
-	if err := hammer(topoCtx(t), reg, mutexes, goroutines, rounds, true); err != nil {
+	reg := redistest.NewRegister(t)
+	if err := hammer(testCtx(t, hangGuard), reg, mutexes, goroutines, rounds); err != nil {
 		t.Fatal(err)
 	}
-	reg.check(t, clients*goroutines*rounds, true)
+	reg.CheckSections(t, clients*goroutines*rounds)
 }
 
 // testClusterWaitersWoken holds one lock on each master and makes a second
 // Client wait for all three: its Client subscribes to each lock's shard
 // channel on the master that serves the lock and on no other, and each
 // waiter gets its lock once the holder unlocks.
-func testClusterWaitersWoken(t *testing.T, tc *testCluster) {
+func testClusterWaitersWoken(t *testing.T, tc *redistest.Cluster) {
 	prefix := topoPrefix(t)
-	holder := topoClient(t, tc.client(t), WithKeyPrefix(prefix))
-	waiter := topoClient(t, tc.client(t), WithKeyPrefix(prefix))
+	holder := clientOn(t, tc.Client(t), WithKeyPrefix(prefix))
+	waiter := clientOn(t, tc.Client(t), WithKeyPrefix(prefix))
 	type lock struct {
-		master *clusterNode
-		reg    *fencedRegister
+		master *redistest.Node
+		reg    *redistest.Register
 		held   *asyncLock
 		wait   *asyncLock
 		ch     string
 	}
 	var locks []lock
-	for i, n := range tc.masters {
-		name := tc.nameOn(t, n, prefix, "w")
-		l := lock{master: n, ch: prefix + "{" + name + "}:released", reg: &fencedRegister{}}
+	for i, n := range tc.Masters {
+		name := nameOn(t, tc, n, prefix, "w")
+		l := lock{master: n, ch: prefix + "{" + name + "}:released", reg: redistest.NewRegister(t)}
 		l.held = lockAsync(t, holder.NewMutex(name, WithFencing()), l.reg, fmt.Sprint("holder ", i))
 		if r := await(t, l.held.locked, "the holder's LockContext"); r.err != nil {
 			t.Fatalf("holder's LockContext(%q): got %v, want nil", name, r.err)
@@ -145,10 +147,10 @@ func testClusterWaitersWoken(t *testing.T, tc *testCluster) {
 	}
 	for _, l := range locks {
 		waitFor(t, fmt.Sprintf("the waiter subscribed to %s on %v", l.ch, l.master), func() bool {
-			return shardSubs(t, l.master, l.ch) == 1
+			return l.master.ShardSubs(t, l.ch) == 1
 		})
-		for _, n := range tc.masters {
-			if got := shardSubs(t, n, l.ch); n != l.master && got != 0 {
+		for _, n := range tc.Masters {
+			if got := n.ShardSubs(t, l.ch); n != l.master && got != 0 {
 				t.Errorf("SHARDNUMSUB %s on %v, which does not serve it: got %d, want 0", l.ch, n, got)
 			}
 		}
@@ -173,29 +175,29 @@ func testClusterWaitersWoken(t *testing.T, tc *testCluster) {
 		if err := await(t, l.wait.unlocked, "the waiter's UnlockContext"); err != nil {
 			t.Fatalf("waiter %d: UnlockContext: got %v, want nil", i, err)
 		}
-		l.reg.check(t, 2, true)
+		l.reg.CheckSections(t, 2)
 	}
 }
 
 // testClusterWatchdog holds two locks on each master (six slots) with a
 // short lease for more than three leases: the watchdog renews every one of
 // them on its own master, and none is lost.
-func testClusterWatchdog(t *testing.T, tc *testCluster) {
+func testClusterWatchdog(t *testing.T, tc *redistest.Cluster) {
 	const lease = 300 * time.Millisecond
-	ctx := topoCtx(t)
+	ctx := testCtx(t, hangGuard)
 	prefix := topoPrefix(t)
-	c := topoClient(t, tc.client(t), WithKeyPrefix(prefix))
-	other := topoClient(t, tc.client(t), WithKeyPrefix(prefix))
+	c := clientOn(t, tc.Client(t), WithKeyPrefix(prefix))
+	other := clientOn(t, tc.Client(t), WithKeyPrefix(prefix))
 	type held struct {
 		m      *DistMutex
-		master *clusterNode
+		master *redistest.Node
 		lost   <-chan struct{}
 	}
 	var holds []held
 	slots := map[int]bool{}
-	for _, n := range tc.masters {
+	for _, n := range tc.Masters {
 		for _, base := range []string{"p", "q"} {
-			name := tc.nameOn(t, n, prefix, base)
+			name := nameOn(t, tc, n, prefix, base)
 			m := c.NewMutex(name, WithLease(lease))
 			slots[keySlot(m.k.hash())] = true
 			if err := m.LockContext(ctx); err != nil {
@@ -212,7 +214,7 @@ func testClusterWatchdog(t *testing.T, tc *testCluster) {
 		if isClosed(h.lost) {
 			t.Errorf("lock %q on %v: Lost closed after %v, want it held", h.m.Name(), h.master, 3*lease+lease/2)
 		}
-		if ttl := h.master.rdb.PTTL(ctx, h.m.k.hash()).Val(); ttl <= 0 {
+		if ttl := h.master.RDB.PTTL(ctx, h.m.k.hash()).Val(); ttl <= 0 {
 			t.Errorf("lock %q: PTTL on %v: got %v, want > 0 (renewed)", h.m.Name(), h.master, ttl)
 		}
 		if other.NewMutex(h.m.Name(), WithLease(lease)).TryLock() {
@@ -229,28 +231,28 @@ func testClusterWatchdog(t *testing.T, tc *testCluster) {
 // testClusterReplicaAck locks, with WithReplicaAck(1, ...), one lock on each
 // master: when LockContext returns, the master's replica has the hold, and
 // renewals that wait for the replica keep it past three leases.
-func testClusterReplicaAck(t *testing.T, tc *testCluster) {
+func testClusterReplicaAck(t *testing.T, tc *redistest.Cluster) {
 	const lease = 300 * time.Millisecond
-	ctx := topoCtx(t)
+	ctx := testCtx(t, hangGuard)
 	prefix := topoPrefix(t)
-	c := topoClient(t, tc.client(t), WithKeyPrefix(prefix), WithReplicaAck(1, time.Second))
+	c := clientOn(t, tc.Client(t), WithKeyPrefix(prefix), WithReplicaAck(1, time.Second))
 	var mutexes []*DistMutex
-	for _, n := range tc.masters {
-		m := c.NewMutex(tc.nameOn(t, n, prefix, "r"), WithLease(lease), WithFencing())
+	for _, n := range tc.Masters {
+		m := c.NewMutex(nameOn(t, tc, n, prefix, "r"), WithLease(lease), WithFencing())
 		if err := m.LockContext(ctx); err != nil {
 			t.Fatalf("LockContext(%q): got %v, want nil", m.Name(), err)
 		}
 		// A cluster replica serves reads of its master's slots once the
 		// connection sent READONLY.
-		r := tc.replicaOf(t, n)
-		if err := r.rdb.Do(ctx, "readonly").Err(); err != nil {
+		r := tc.ReplicaOf(t, n)
+		if err := r.RDB.Do(ctx, "readonly").Err(); err != nil {
 			t.Fatalf("READONLY on %v: %v", r, err)
 		}
-		owners, err := r.rdb.HKeys(ctx, m.k.hash()).Result()
+		owners, err := r.RDB.HKeys(ctx, m.k.hash()).Result()
 		if err != nil || len(owners) != 1 || !strings.HasPrefix(owners[0], c.id+":") {
 			t.Errorf("lock %q on replica %v right after LockContext: got owners %q (%v), want one of Client %s", m.Name(), r, owners, err, c.id)
 		}
-		fence, err := r.rdb.Get(ctx, m.k.keys[1]).Int64()
+		fence, err := r.RDB.Get(ctx, m.k.keys[1]).Int64()
 		if err != nil || fence != m.Fence() {
 			t.Errorf("fence of %q on replica %v: got %d (%v), want %d", m.Name(), r, fence, err, m.Fence())
 		}
@@ -282,25 +284,25 @@ func testClusterReplicaAck(t *testing.T, tc *testCluster) {
 // one.
 func TestClusterSlotMigration(t *testing.T) {
 	const lease = 600 * time.Millisecond
-	tc := startCluster(t, 3, 0)
-	ctx := topoCtx(t)
+	tc := redistest.StartCluster(t, 3, 0)
+	ctx := testCtx(t, hangGuard)
 	prefix := topoPrefix(t)
-	a := topoClient(t, tc.client(t), WithKeyPrefix(prefix))
-	b := topoClient(t, tc.client(t), WithKeyPrefix(prefix))
+	a := clientOn(t, tc.Client(t), WithKeyPrefix(prefix))
+	b := clientOn(t, tc.Client(t), WithKeyPrefix(prefix))
 	const name = "cart"
 	ma := a.NewMutex(name, WithFencing(), WithLease(lease))
 	mb := b.NewMutex(name, WithFencing(), WithLease(lease))
 	hash := prefix + "{" + name + "}"
 	channel := hash + ":released"
-	slot := tc.slot(t, hash)
-	src := tc.owner(t, tc.masters[0], slot)
-	dst := tc.masters[0]
+	slot := tc.Slot(t, hash)
+	src := tc.Owner(t, tc.Masters[0], slot)
+	dst := tc.Masters[0]
 	if dst == src {
-		dst = tc.masters[1]
+		dst = tc.Masters[1]
 	}
-	reg := &fencedRegister{}
+	reg := redistest.NewRegister(t)
 	var slowView atomic.Bool
-	c := topoClient(t, slowViewClient(t, tc, &slowView), WithKeyPrefix(prefix))
+	c := clientOn(t, slowViewClient(t, tc, &slowView), WithKeyPrefix(prefix))
 	name2 := nameInSlot(t, prefix, slot)
 	mc2 := c.NewMutex(name2)
 	if !mc2.TryLock() { // loads the third Client's view of the slots
@@ -312,39 +314,39 @@ func TestClusterSlotMigration(t *testing.T) {
 		t.Fatalf("LockContext: got %v, want nil", err)
 	}
 	fa := ma.Fence()
-	endA := reg.begin("holder", fa, true)
+	endA := reg.Enter("holder", fa)
 	lostA := ma.Lost()
 	w := lockAsync(t, mb, reg, "waiter")
 	waitFor(t, "the waiter queued and subscribed on "+src.String(), func() bool {
-		return src.rdb.Exists(ctx, hash+":queue").Val() == 1 && shardSubs(t, src, channel) == 1
+		return src.RDB.Exists(ctx, hash+":queue").Val() == 1 && src.ShardSubs(t, channel) == 1
 	})
 
-	tc.beginMigration(t, slot, src, dst)
-	tc.migrateKeys(t, slot, src, dst, hash)
+	tc.BeginMigration(t, slot, src, dst)
+	tc.MigrateKeys(t, slot, src, dst, hash)
 	time.Sleep(lease + lease/2) // renewals must reach the hash on dst by ASK
 	if isClosed(lostA) {
 		t.Fatalf("holder: Lost closed while the slot was migrating, want it held")
 	}
-	moved := tc.migrateKeys(t, slot, src, dst)
+	moved := tc.MigrateKeys(t, slot, src, dst)
 	t.Logf("migrated %s, then %q, from %v to %v", hash, moved, src, dst)
-	tc.endMigration(t, slot, src, dst)
+	tc.EndMigration(t, slot, src, dst)
 	movedAt := time.Now()
 
 	waitFor(t, "the waiter subscribed to "+channel+" on "+dst.String(), func() bool {
-		return shardSubs(t, dst, channel) == 1
+		return dst.ShardSubs(t, channel) == 1
 	})
 	t.Logf("the waiter's subscription moved %v after the slot", time.Since(movedAt))
-	if got := shardSubs(t, src, channel); got != 0 {
+	if got := src.ShardSubs(t, channel); got != 0 {
 		t.Errorf("SHARDNUMSUB %s on the old master %v: got %d, want 0", channel, src, got)
 	}
 	time.Sleep(time.Until(movedAt.Add(3*lease + lease/2))) // renewals must follow the slot
 	if isClosed(lostA) {
 		t.Fatalf("holder: Lost closed after the slot moved, want it held")
 	}
-	if ttl := dst.rdb.PTTL(ctx, hash).Val(); ttl <= 0 {
+	if ttl := dst.RDB.PTTL(ctx, hash).Val(); ttl <= 0 {
 		t.Errorf("PTTL %s on the new master %v: got %v, want > 0", hash, dst, ttl)
 	}
-	if got := keysWithPrefix(t, src.rdb, prefix); len(got) != 0 {
+	if got := redistest.KeysWithPrefix(t, src.RDB, prefix); len(got) != 0 {
 		t.Errorf("keys left on the old master %v: got %q, want none", src, got)
 	}
 	select {
@@ -381,7 +383,7 @@ func TestClusterSlotMigration(t *testing.T) {
 	channel2 := prefix + "{" + name2 + "}:released"
 	w2 := lockAsync(t, mc2, nil, "")
 	waitFor(t, "the third Client subscribed to "+channel2+" on "+dst.String(), func() bool {
-		return shardSubs(t, dst, channel2) == 1
+		return dst.ShardSubs(t, channel2) == 1
 	})
 	if err := ma2.UnlockContext(ctx); err != nil {
 		t.Fatalf("UnlockContext(%q): got %v, want nil", name2, err)
@@ -395,11 +397,11 @@ func TestClusterSlotMigration(t *testing.T) {
 	}
 
 	// Both Clients keep taking turns on the new master.
-	if err := hammer(ctx, reg, []*DistMutex{ma, mb}, 2, 5, true); err != nil {
+	if err := hammer(ctx, reg, []*DistMutex{ma, mb}, 2, 5); err != nil {
 		t.Fatal(err)
 	}
-	reg.check(t, 2+2*2*5, true)
-	if got := tc.owner(t, dst, slot); got != dst {
+	reg.CheckSections(t, 2+2*2*5)
+	if got := tc.Owner(t, dst, slot); got != dst {
 		t.Errorf("slot %d: got it served by %v, want %v", slot, got, dst)
 	}
 }
@@ -407,7 +409,7 @@ func TestClusterSlotMigration(t *testing.T) {
 // slowViewClient returns a ClusterClient whose CLUSTER SLOTS queries take
 // 300ms more while slow is set: its view of the slots then lags behind a
 // migration for that long after the first MOVED it meets.
-func slowViewClient(t *testing.T, tc *testCluster, slow *atomic.Bool) *redis.ClusterClient {
+func slowViewClient(t *testing.T, tc *redistest.Cluster, slow *atomic.Bool) *redis.ClusterClient {
 	t.Helper()
 	delay := hookFuncs{process: func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
 		if args := cmd.Args(); slow.Load() && len(args) > 1 && cmd.Name() == "cluster" && strings.EqualFold(fmt.Sprint(args[1]), "slots") {
@@ -416,7 +418,7 @@ func slowViewClient(t *testing.T, tc *testCluster, slow *atomic.Bool) *redis.Clu
 		return next(ctx, cmd)
 	}}
 	cc := redis.NewClusterClient(&redis.ClusterOptions{
-		Addrs: tc.addrs(),
+		Addrs: tc.Addrs(),
 		NewClient: func(o *redis.Options) *redis.Client {
 			c := redis.NewClient(o)
 			c.AddHook(delay)

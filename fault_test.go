@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/remutex/remutex/internal/redistest"
 )
 
 // Reliability tests: real redis-server processes, real child processes, and
@@ -23,14 +25,6 @@ import (
 // faultLease is the lease of most fault tests: short, so that expiry is
 // quick, long enough for the race detector on a busy machine.
 const faultLease = time.Second
-
-// faultKeys are the Redis names of lock name under the default prefix.
-type faultKeys struct{ hash, fence, queue, alive, channel string }
-
-func faultKeysOf(name string) faultKeys {
-	h := DefaultKeyPrefix + "{" + name + "}"
-	return faultKeys{hash: h, fence: h + ":fence", queue: h + ":queue", alive: h + ":queue:alive", channel: h + ":released"}
-}
 
 func faultInt(t testing.TB, s string) int64 {
 	t.Helper()
@@ -65,10 +59,10 @@ func faultSubscribed(t testing.TB, rdb *redis.Client, channel string) {
 	})
 }
 
-func faultHolderChild(t testing.TB, addr, name, register, id string) *faultChild {
+func faultHolderChild(t testing.TB, addr, name string, reg *redistest.Register, id string) *redistest.Child {
 	t.Helper()
-	c := startFaultChild(t, faultChildConfig{role: "holder", addr: addr, name: name, lease: faultLease, register: register, id: id})
-	c.expect(t, "ready", 20*time.Second)
+	c := startChild(t, childConfig{role: "holder", addr: addr, name: name, lease: faultLease, register: reg.Addr(), registerKey: reg.Key(), id: id})
+	c.Expect(t, "ready", 20*time.Second)
 	return c
 }
 
@@ -84,7 +78,7 @@ type faultLockResult struct {
 
 // faultLockAndWrite locks m on g (asynchronously), writes to reg with the
 // hold's fence, and leaves the hold in place.
-func faultLockAndWrite(g *faultGoroutine, ctx context.Context, m *DistMutex, reg *faultRegister, writer string) (<-chan struct{}, *faultLockResult) {
+func faultLockAndWrite(g *faultGoroutine, ctx context.Context, m *DistMutex, reg *redistest.Register, writer string) (<-chan struct{}, *faultLockResult) {
 	r := &faultLockResult{}
 	done := g.async(func() {
 		r.err = m.LockContext(ctx)
@@ -94,7 +88,7 @@ func faultLockAndWrite(g *faultGoroutine, ctx context.Context, m *DistMutex, reg
 		}
 		r.fence = m.Fence()
 		r.lost = m.Lost()
-		r.wrote, r.werr = reg.write(context.Background(), r.fence, writer)
+		r.wrote, r.werr = reg.Write(context.Background(), r.fence, writer)
 	})
 	return done, r
 }
@@ -111,30 +105,30 @@ func faultUnlock(t testing.TB, g *faultGoroutine, m *DistMutex) error {
 // another process blocks; the waiter takes over within lease + 1s, with a
 // greater fence, and the register shows no overlap.
 func TestFaultHolderKilled(t *testing.T) {
-	srv := startRedisServer(t)
-	reg := newFaultRegister(t)
+	srv := redistest.Start(t)
+	reg := redistest.NewRegister(t)
 	name := lockName(t)
-	k := faultKeysOf(name)
-	direct := faultRDB(t, &redis.Options{Addr: srv.Addr()})
+	k := keysOf(name)
+	direct := rdbAt(t, srv.Addr())
 
-	holder := faultHolderChild(t, srv.Addr(), name, reg.addr, "1")
-	holder.send(t, "lock")
-	f1 := faultInt(t, holder.expect(t, "held", 10*time.Second)[0])
-	holder.send(t, "begin")
-	faultExpect(t, "holder's begin", holder.expect(t, "begin", 5*time.Second), "1")
-	holder.send(t, "end")
-	faultExpect(t, "holder's end", holder.expect(t, "end", 5*time.Second), "1")
+	holder := faultHolderChild(t, srv.Addr(), name, reg, "1")
+	holder.Send(t, "lock")
+	f1 := faultInt(t, holder.Expect(t, "held", 10*time.Second)[0])
+	holder.Send(t, "begin")
+	faultExpect(t, "holder's begin", holder.Expect(t, "begin", 5*time.Second), "1")
+	holder.Send(t, "end")
+	faultExpect(t, "holder's end", holder.Expect(t, "end", 5*time.Second), "1")
 
-	c, errs := faultClient(t, faultRDB(t, &redis.Options{Addr: srv.Addr()}))
+	c, errs := clientWithErrors(t, rdbAt(t, srv.Addr()))
 	m := c.NewMutex(name, WithLease(faultLease), WithFencing())
 	g := newFaultGoroutine(t)
-	done, r := faultLockAndWrite(g, faultCtx(t, 20*time.Second), m, reg, "waiter")
+	done, r := faultLockAndWrite(g, testCtx(t, 20*time.Second), m, reg, "waiter")
 	faultSubscribed(t, direct, k.channel)
-	if faultClosed(done) {
+	if isClosed(done) {
 		t.Fatalf("the waiter returned while the holder lives: %v", r.err)
 	}
 
-	holder.kill()
+	holder.Kill()
 	killed := time.Now()
 	faultAwait(t, done, faultLease+3*time.Second, "the waiter after the holder's SIGKILL")
 	if r.err != nil {
@@ -152,7 +146,7 @@ func TestFaultHolderKilled(t *testing.T) {
 	if err := faultUnlock(t, g, m); err != nil {
 		t.Errorf("waiter: UnlockContext: %v", err)
 	}
-	accepted, stale := reg.check(t)
+	accepted, stale := reg.Check(t)
 	if len(accepted) != 2 || len(stale) != 0 {
 		t.Errorf("register: got %d accepted, %d stale writes (%v %v), want 2 and 0", len(accepted), len(stale), accepted, stale)
 	}
@@ -167,29 +161,29 @@ func TestFaultHolderKilled(t *testing.T) {
 // within one renewal interval, UnlockContext reports ErrLockLost and Unlock
 // does not panic.
 func TestFaultHolderPaused(t *testing.T) {
-	srv := startRedisServer(t)
-	reg := newFaultRegister(t)
+	srv := redistest.Start(t)
+	reg := redistest.NewRegister(t)
 	name := lockName(t)
-	k := faultKeysOf(name)
-	direct := faultRDB(t, &redis.Options{Addr: srv.Addr()})
+	k := keysOf(name)
+	direct := rdbAt(t, srv.Addr())
 
-	holder := faultHolderChild(t, srv.Addr(), name, reg.addr, "1")
-	holder.send(t, "lock")
-	f1 := faultInt(t, holder.expect(t, "held", 10*time.Second)[0])
-	holder.send(t, "lock")
-	if got := holder.expect(t, "held", 5*time.Second); len(got) != 2 || got[1] != "2" {
+	holder := faultHolderChild(t, srv.Addr(), name, reg, "1")
+	holder.Send(t, "lock")
+	f1 := faultInt(t, holder.Expect(t, "held", 10*time.Second)[0])
+	holder.Send(t, "lock")
+	if got := holder.Expect(t, "held", 5*time.Second); len(got) != 2 || got[1] != "2" {
 		t.Fatalf("nested lock: got %v, want count 2", got)
 	}
-	holder.send(t, "begin")
-	faultExpect(t, "holder's begin", holder.expect(t, "begin", 5*time.Second), "1")
+	holder.Send(t, "begin")
+	faultExpect(t, "holder's begin", holder.Expect(t, "begin", 5*time.Second), "1")
 
-	holder.signal(t, syscall.SIGSTOP)
+	holder.Signal(t, syscall.SIGSTOP)
 	stopped := time.Now()
 
-	c, errs := faultClient(t, faultRDB(t, &redis.Options{Addr: srv.Addr()}))
+	c, errs := clientWithErrors(t, rdbAt(t, srv.Addr()))
 	m := c.NewMutex(name, WithLease(faultLease), WithFencing())
 	g := newFaultGoroutine(t)
-	done, r := faultLockAndWrite(g, faultCtx(t, 20*time.Second), m, reg, "waiter")
+	done, r := faultLockAndWrite(g, testCtx(t, 20*time.Second), m, reg, "waiter")
 	faultAwait(t, done, 3*faultLease, "the waiter while the holder is stopped")
 	if r.err != nil {
 		t.Fatalf("waiter: LockContext: %v", r.err)
@@ -199,26 +193,26 @@ func TestFaultHolderPaused(t *testing.T) {
 	}
 
 	time.Sleep(time.Until(stopped.Add(3 * faultLease))) // the pause is the fault
-	if holder.has("lost") {
+	if holder.Has("lost") {
 		t.Fatal("the stopped holder reported a loss while stopped")
 	}
-	holder.signal(t, syscall.SIGCONT)
+	holder.Signal(t, syscall.SIGCONT)
 	resumed := time.Now()
-	holder.expect(t, "lost", 5*time.Second)
+	holder.Expect(t, "lost", 5*time.Second)
 	if took, interval := time.Since(resumed), faultLease/3; took > interval {
 		t.Errorf("Lost closed %v after the holder resumed, want within one renewal interval (%v)", took, interval)
 	}
 
-	holder.send(t, "end")
-	faultExpect(t, "the resumed holder's write (must be refused)", holder.expect(t, "end", 5*time.Second), "0")
-	holder.send(t, "unlockctx")
-	faultExpect(t, "UnlockContext of the lost hold", holder.expect(t, "unlockctx", 5*time.Second), "lost")
-	holder.send(t, "unlock")
-	faultExpect(t, "Unlock of the lost hold", holder.expect(t, "unlock", 5*time.Second), "ok")
-	holder.send(t, "count")
-	faultExpect(t, "HoldCount after both Unlocks", holder.expect(t, "count", 5*time.Second), "0")
+	holder.Send(t, "end")
+	faultExpect(t, "the resumed holder's write (must be refused)", holder.Expect(t, "end", 5*time.Second), "0")
+	holder.Send(t, "unlockctx")
+	faultExpect(t, "UnlockContext of the lost hold", holder.Expect(t, "unlockctx", 5*time.Second), "lost")
+	holder.Send(t, "unlock")
+	faultExpect(t, "Unlock of the lost hold", holder.Expect(t, "unlock", 5*time.Second), "ok")
+	holder.Send(t, "count")
+	faultExpect(t, "HoldCount after both Unlocks", holder.Expect(t, "count", 5*time.Second), "0")
 
-	if faultClosed(r.lost) {
+	if isClosed(r.lost) {
 		t.Error("the waiter's hold was lost")
 	}
 	if n, err := direct.HLen(context.Background(), k.hash).Result(); err != nil || n != 1 {
@@ -227,8 +221,8 @@ func TestFaultHolderPaused(t *testing.T) {
 	if err := faultUnlock(t, g, m); err != nil {
 		t.Errorf("waiter: UnlockContext: %v", err)
 	}
-	accepted, stale := reg.check(t)
-	if len(accepted) != 1 || len(stale) != 1 || !strings.HasPrefix(stale[0].writer, "child1.") || stale[0].fence != f1 {
+	accepted, stale := reg.Check(t)
+	if len(accepted) != 1 || len(stale) != 1 || !strings.HasPrefix(stale[0].Writer, "child1.") || stale[0].Fence != f1 {
 		t.Errorf("register: accepted %v, stale %v; want the waiter's write accepted and the paused holder's refused", accepted, stale)
 	}
 	if n := errs.count(ErrLockLost); n != 0 {
@@ -241,34 +235,34 @@ func TestFaultHolderPaused(t *testing.T) {
 // a waiter acquires only after that.
 func TestFaultRenewalBlackholed(t *testing.T) {
 	const lease = 2 * time.Second
-	srv := startRedisServer(t)
-	reg := newFaultRegister(t)
+	srv := redistest.Start(t)
+	reg := redistest.NewRegister(t)
 	name := lockName(t)
-	k := faultKeysOf(name)
-	direct := faultRDB(t, &redis.Options{Addr: srv.Addr()})
-	p := newFaultProxy(t, srv.Addr())
+	k := keysOf(name)
+	direct := rdbAt(t, srv.Addr())
+	p := redistest.NewProxy(t, srv.Addr())
 
-	hc, herrs := faultClient(t, faultRDB(t, &redis.Options{Addr: p.Addr()}))
-	t.Cleanup(p.heal) // before hc closes: a blackholed renewal would hold Close up
+	hc, herrs := clientWithErrors(t, rdbAt(t, p.Addr()))
+	t.Cleanup(p.Heal) // before hc closes: a blackholed renewal would hold Close up
 	hm := hc.NewMutex(name, WithLease(lease), WithFencing())
 	hg := newFaultGoroutine(t)
-	hdone, h := faultLockAndWrite(hg, faultCtx(t, 10*time.Second), hm, reg, "holder")
+	hdone, h := faultLockAndWrite(hg, testCtx(t, 10*time.Second), hm, reg, "holder")
 	faultAwait(t, hdone, 5*time.Second, "holder's lock")
 	if h.err != nil || !h.wrote {
 		t.Fatalf("holder: LockContext %v, write %v %v", h.err, h.wrote, h.werr)
 	}
 
-	wc, _ := faultClient(t, faultRDB(t, &redis.Options{Addr: srv.Addr()}))
+	wc, _ := clientWithErrors(t, rdbAt(t, srv.Addr()))
 	wm := wc.NewMutex(name, WithLease(lease), WithFencing())
 	wg := newFaultGoroutine(t)
-	wdone, w := faultLockAndWrite(wg, faultCtx(t, 20*time.Second), wm, reg, "waiter")
+	wdone, w := faultLockAndWrite(wg, testCtx(t, 20*time.Second), wm, reg, "waiter")
 	faultSubscribed(t, direct, k.channel)
 
 	owners, err := direct.HKeys(context.Background(), k.hash).Result()
 	if err != nil || len(owners) != 1 {
 		t.Fatalf("owners on the server: %q (%v), want the holder alone", owners, err)
 	}
-	p.setBlackhole(true)
+	p.SetBlackhole(true)
 	blackholed := time.Now()
 	faultAwait(t, h.lost, lease+time.Second, "the holder's Lost after its connection went dark")
 	lostAt := time.Now()
@@ -299,7 +293,7 @@ func TestFaultRenewalBlackholed(t *testing.T) {
 		t.Errorf("waiter: fence %d (holder's %d), write accepted %v (%v)", w.fence, h.fence, w.wrote, w.werr)
 	}
 
-	p.heal()
+	p.Heal()
 	if err := faultUnlock(t, hg, hm); !errors.Is(err, ErrLockLost) {
 		t.Errorf("holder: UnlockContext after the loss: %v, want ErrLockLost", err)
 	}
@@ -307,7 +301,7 @@ func TestFaultRenewalBlackholed(t *testing.T) {
 	if err := faultUnlock(t, wg, wm); err != nil {
 		t.Errorf("waiter: UnlockContext: %v", err)
 	}
-	if _, stale := reg.check(t); len(stale) != 0 {
+	if _, stale := reg.Check(t); len(stale) != 0 {
 		t.Errorf("stale writes: %v", stale)
 	}
 }
@@ -318,15 +312,15 @@ func TestFaultRenewalBlackholed(t *testing.T) {
 // between.
 func TestFaultLateAcquireReply(t *testing.T) {
 	const latency = 2 * faultLease
-	srv := startRedisServer(t)
-	reg := newFaultRegister(t)
+	srv := redistest.Start(t)
+	reg := redistest.NewRegister(t)
 	name := lockName(t)
-	k := faultKeysOf(name)
-	direct := faultRDB(t, &redis.Options{Addr: srv.Addr()})
-	p := newFaultProxy(t, srv.Addr())
+	k := keysOf(name)
+	direct := rdbAt(t, srv.Addr())
+	p := redistest.NewProxy(t, srv.Addr())
 
-	sc, serrs := faultClient(t, faultRDB(t, &redis.Options{Addr: p.Addr()}))
-	t.Cleanup(p.heal)
+	sc, serrs := clientWithErrors(t, rdbAt(t, p.Addr()))
+	t.Cleanup(p.Heal)
 	sm := sc.NewMutex(name, WithLease(faultLease), WithFencing())
 	sg := newFaultGoroutine(t)
 	sg.do(t, 5*time.Second, "warm-up", func() { // loads the scripts and opens a connection
@@ -335,7 +329,7 @@ func TestFaultLateAcquireReply(t *testing.T) {
 		}
 	})
 
-	p.setLatency(latency)
+	p.SetLatency(latency)
 	var (
 		ok            bool
 		tryErr        error
@@ -355,10 +349,10 @@ func TestFaultLateAcquireReply(t *testing.T) {
 		return nil
 	})
 
-	oc, oerrs := faultClient(t, faultRDB(t, &redis.Options{Addr: srv.Addr()}))
+	oc, oerrs := clientWithErrors(t, rdbAt(t, srv.Addr()))
 	om := oc.NewMutex(name, WithLease(faultLease), WithFencing())
 	og := newFaultGoroutine(t)
-	odone, o := faultLockAndWrite(og, faultCtx(t, 20*time.Second), om, reg, "other")
+	odone, o := faultLockAndWrite(og, testCtx(t, 20*time.Second), om, reg, "other")
 
 	faultAwait(t, tdone, latency+3*time.Second, "TryLockContext with late replies")
 	if ok || count != 0 {
@@ -375,7 +369,7 @@ func TestFaultLateAcquireReply(t *testing.T) {
 		t.Errorf("the other Client acquired at %v, after the late reply (%v): the interleaving was not exercised", o.at, answer)
 	}
 	// Releasing the late grant must not have touched the other holder.
-	if faultClosed(o.lost) {
+	if isClosed(o.lost) {
 		t.Error("the other Client's hold was lost")
 	}
 	if n, err := direct.HLen(context.Background(), k.hash).Result(); err != nil || n != 1 {
@@ -405,8 +399,8 @@ func TestFaultLateAcquireReply(t *testing.T) {
 		return nil
 	})
 
-	p.heal()
-	d, r := faultLockAndWrite(sg, faultCtx(t, 10*time.Second), sm, reg, "healed")
+	p.Heal()
+	d, r := faultLockAndWrite(sg, testCtx(t, 10*time.Second), sm, reg, "healed")
 	faultAwait(t, d, 5*time.Second, "lock after the latency ended")
 	if r.err != nil || !r.wrote {
 		t.Errorf("after the latency ended: LockContext %v, write %v %v", r.err, r.wrote, r.werr)
@@ -414,7 +408,7 @@ func TestFaultLateAcquireReply(t *testing.T) {
 	if err := faultUnlock(t, sg, sm); err != nil {
 		t.Errorf("after the latency ended: UnlockContext: %v", err)
 	}
-	if _, stale := reg.check(t); len(stale) != 0 {
+	if _, stale := reg.Check(t); len(stale) != 0 {
 		t.Errorf("stale writes: %v", stale)
 	}
 	if n := serrs.count(ErrLockLost) + oerrs.count(ErrLockLost); n != 0 {
@@ -427,12 +421,12 @@ func TestFaultLateAcquireReply(t *testing.T) {
 // sends it again. Counts must not change twice, no hold may remain, and no
 // loss may be reported.
 func TestFaultConnectionReset(t *testing.T) {
-	srv := startRedisServer(t)
+	srv := redistest.Start(t)
 	name := lockName(t)
-	k := faultKeysOf(name)
-	direct := faultRDB(t, &redis.Options{Addr: srv.Addr()})
-	p := newFaultProxy(t, srv.Addr())
-	c, errs := faultClient(t, faultRDB(t, &redis.Options{Addr: p.Addr()}))
+	k := keysOf(name)
+	direct := rdbAt(t, srv.Addr())
+	p := redistest.NewProxy(t, srv.Addr())
+	c, errs := clientWithErrors(t, rdbAt(t, p.Addr()))
 	m := c.NewMutex(name, WithLease(faultLease), WithFencing())
 	g := newFaultGoroutine(t)
 	ctx := context.Background()
@@ -463,7 +457,7 @@ func TestFaultConnectionReset(t *testing.T) {
 	cuts := 0
 	step := func(what, script string, f func() error, wantHold int, wantServer string) {
 		t.Helper()
-		p.cutReplyTo(script)
+		p.CutReplyTo(script)
 		var err error
 		var hold int
 		g.do(t, 10*time.Second, what, func() {
@@ -471,7 +465,7 @@ func TestFaultConnectionReset(t *testing.T) {
 			hold = m.HoldCount()
 		})
 		cuts++
-		if got := p.replyCuts(); got != cuts {
+		if got := p.ReplyCuts(); got != cuts {
 			t.Fatalf("%s: %d replies cut, want %d (the fault did not happen)", what, got, cuts)
 		}
 		if err != nil {
@@ -506,7 +500,7 @@ func TestFaultConnectionReset(t *testing.T) {
 	step("nested LockContext", acquireSHA, lockCtx, 2, "2")
 	step("UnlockContext 2→1", releaseSHA, unlockCtx, 1, "1")
 	step("final UnlockContext", releaseSHA, unlockCtx, 0, "")
-	if faultClosed(lost) {
+	if isClosed(lost) {
 		t.Error("Lost closed for a hold that was unlocked normally")
 	}
 	step("Lock", acquireSHA, lock, 1, "1")
@@ -517,7 +511,7 @@ func TestFaultConnectionReset(t *testing.T) {
 	if n, err := direct.Exists(ctx, k.hash, k.queue, k.alive).Result(); err != nil || n != 0 {
 		t.Errorf("%d of the lock's keys remain (%v): a phantom hold", n, err)
 	}
-	oc, _ := faultClient(t, faultRDB(t, &redis.Options{Addr: srv.Addr()}))
+	oc, _ := clientWithErrors(t, rdbAt(t, srv.Addr()))
 	om := oc.NewMutex(name, WithLease(faultLease))
 	if ok, err := om.TryLockContext(ctx); !ok || err != nil {
 		t.Errorf("another Client's TryLock after the resets: %v %v, want the lock free", ok, err)
@@ -531,9 +525,9 @@ func TestFaultConnectionReset(t *testing.T) {
 
 // faultHoldTwice locks m twice on g (count 2) with a write in between and
 // returns the hold's fence and Lost channel.
-func faultHoldTwice(t testing.TB, g *faultGoroutine, m *DistMutex, reg *faultRegister, writer string) (int64, <-chan struct{}) {
+func faultHoldTwice(t testing.TB, g *faultGoroutine, m *DistMutex, reg *redistest.Register, writer string) (int64, <-chan struct{}) {
 	t.Helper()
-	d, r := faultLockAndWrite(g, faultCtx(t, 10*time.Second), m, reg, writer)
+	d, r := faultLockAndWrite(g, testCtx(t, 10*time.Second), m, reg, writer)
 	faultAwait(t, d, 5*time.Second, writer+"'s lock")
 	if r.err != nil || !r.wrote {
 		t.Fatalf("%s: LockContext %v, write %v %v", writer, r.err, r.wrote, r.werr)
@@ -575,23 +569,23 @@ func faultUnlockLost(t testing.TB, g *faultGoroutine, m *DistMutex) {
 // empty, while a lock is held. The holder learns of the loss, Unlock reports
 // it, a new Client acquires, and fences keep rising.
 func TestFaultServerRestarted(t *testing.T) {
-	srv := startRedisServer(t)
-	reg := newFaultRegister(t)
+	srv := redistest.Start(t)
+	reg := redistest.NewRegister(t)
 	name := lockName(t)
-	c, errs := faultClient(t, faultRDB(t, &redis.Options{Addr: srv.Addr()}))
+	c, errs := clientWithErrors(t, rdbAt(t, srv.Addr()))
 	m := c.NewMutex(name, WithLease(faultLease), WithFencing())
 	g := newFaultGoroutine(t)
 	f1, lost := faultHoldTwice(t, g, m, reg, "holder")
 
-	srv.restart(t)
+	srv.Restart(t)
 	faultAwait(t, lost, faultLease+time.Second, "Lost after the restart")
 	errs.await(t, ErrLockLost, time.Second, "the loss after the restart")
 	faultUnlockLost(t, g, m)
 
-	nc, _ := faultClient(t, faultRDB(t, &redis.Options{Addr: srv.Addr()}))
+	nc, _ := clientWithErrors(t, rdbAt(t, srv.Addr()))
 	nm := nc.NewMutex(name, WithLease(faultLease), WithFencing())
 	ng := newFaultGoroutine(t)
-	d, r := faultLockAndWrite(ng, faultCtx(t, 10*time.Second), nm, reg, "after-restart")
+	d, r := faultLockAndWrite(ng, testCtx(t, 10*time.Second), nm, reg, "after-restart")
 	faultAwait(t, d, 5*time.Second, "lock after the restart")
 	if r.err != nil || !r.wrote {
 		t.Fatalf("after the restart: LockContext %v, write %v %v", r.err, r.wrote, r.werr)
@@ -602,7 +596,7 @@ func TestFaultServerRestarted(t *testing.T) {
 	if err := faultUnlock(t, ng, nm); err != nil {
 		t.Errorf("UnlockContext: %v", err)
 	}
-	if _, stale := reg.check(t); len(stale) != 0 {
+	if _, stale := reg.Check(t); len(stale) != 0 {
 		t.Errorf("stale writes: %v", stale)
 	}
 }
@@ -611,32 +605,32 @@ func TestFaultServerRestarted(t *testing.T) {
 // holder declares its hold lost while the server is stopped; afterwards the
 // waiter holds, and it alone.
 func TestFaultServerPaused(t *testing.T) {
-	srv := startRedisServer(t)
-	reg := newFaultRegister(t)
+	srv := redistest.Start(t)
+	reg := redistest.NewRegister(t)
 	name := lockName(t)
-	k := faultKeysOf(name)
-	direct := faultRDB(t, &redis.Options{Addr: srv.Addr()})
+	k := keysOf(name)
+	direct := rdbAt(t, srv.Addr())
 
-	hc, _ := faultClient(t, faultRDB(t, &redis.Options{Addr: srv.Addr()}))
+	hc, _ := clientWithErrors(t, rdbAt(t, srv.Addr()))
 	hm := hc.NewMutex(name, WithLease(faultLease), WithFencing())
 	hg := newFaultGoroutine(t)
 	f1, lost := faultHoldTwice(t, hg, hm, reg, "holder")
 
-	wc, werrs := faultClient(t, faultRDB(t, &redis.Options{Addr: srv.Addr()}))
+	wc, werrs := clientWithErrors(t, rdbAt(t, srv.Addr()))
 	wm := wc.NewMutex(name, WithLease(faultLease), WithFencing())
 	wg := newFaultGoroutine(t)
-	wdone, w := faultLockAndWrite(wg, faultCtx(t, 30*time.Second), wm, reg, "waiter")
+	wdone, w := faultLockAndWrite(wg, testCtx(t, 30*time.Second), wm, reg, "waiter")
 	faultSubscribed(t, direct, k.channel)
 
-	srv.signal(t, syscall.SIGSTOP)
+	srv.Signal(t, syscall.SIGSTOP)
 	stopped := time.Now()
-	t.Cleanup(func() { srv.signal(t, syscall.SIGCONT) }) // harmless when running
+	t.Cleanup(func() { srv.Signal(t, syscall.SIGCONT) }) // harmless when running
 	faultAwait(t, lost, faultLease+time.Second, "the holder's Lost while the server is stopped")
 	time.Sleep(time.Until(stopped.Add(2 * faultLease))) // the pause is the fault
-	if faultClosed(wdone) {
+	if isClosed(wdone) {
 		t.Fatalf("the waiter returned while the server was stopped: %v", w.err)
 	}
-	srv.signal(t, syscall.SIGCONT)
+	srv.Signal(t, syscall.SIGCONT)
 
 	faultAwait(t, wdone, 3*faultLease+time.Second, "the waiter after the server resumed")
 	if w.err != nil || !w.wrote {
@@ -646,19 +640,19 @@ func TestFaultServerPaused(t *testing.T) {
 		t.Errorf("waiter's fence %d, want greater than the holder's %d", w.fence, f1)
 	}
 	faultUnlockLost(t, hg, hm)
-	if ok, err := reg.write(context.Background(), f1, "holder-after"); ok || err != nil {
+	if ok, err := reg.Write(context.Background(), f1, "holder-after"); ok || err != nil {
 		t.Errorf("a write with the lost hold's fence: accepted %v (%v), want refused", ok, err)
 	}
 	if n, err := direct.HLen(context.Background(), k.hash).Result(); err != nil || n != 1 {
 		t.Errorf("holders on the server: %d (%v), want 1", n, err)
 	}
-	if faultClosed(w.lost) {
+	if isClosed(w.lost) {
 		t.Error("the waiter's hold was lost")
 	}
 	if err := faultUnlock(t, wg, wm); err != nil {
 		t.Errorf("waiter: UnlockContext: %v", err)
 	}
-	if _, stale := reg.check(t); len(stale) != 1 || stale[0].writer != "holder-after" {
+	if _, stale := reg.Check(t); len(stale) != 1 || stale[0].Writer != "holder-after" {
 		t.Errorf("stale writes: %v, want only the lost holder's", stale)
 	}
 	if n := werrs.count(ErrLockLost); n != 0 {
@@ -669,11 +663,11 @@ func TestFaultServerPaused(t *testing.T) {
 // TestFaultScriptFlush: SCRIPT FLUSH between acquire, renewal, nested lock,
 // wake-up and release; everything still works (EVALSHA falls back to EVAL).
 func TestFaultScriptFlush(t *testing.T) {
-	srv := startRedisServer(t)
+	srv := redistest.Start(t)
 	name := lockName(t)
-	k := faultKeysOf(name)
+	k := keysOf(name)
 	ctx := context.Background()
-	direct := faultRDB(t, &redis.Options{Addr: srv.Addr()})
+	direct := rdbAt(t, srv.Addr())
 	flush := func() { // and check, in the same transaction, that it took effect
 		t.Helper()
 		var exists *redis.BoolSliceCmd
@@ -691,10 +685,10 @@ func TestFaultScriptFlush(t *testing.T) {
 			}
 		}
 	}
-	cmds := newFaultCommands()
-	rdb := faultRDB(t, &redis.Options{Addr: srv.Addr()})
+	cmds := newCommandLog()
+	rdb := rdbAt(t, srv.Addr())
 	rdb.AddHook(cmds)
-	c, errs := faultClient(t, rdb)
+	c, errs := clientWithErrors(t, rdb)
 	m := c.NewMutex(name, WithLease(faultLease), WithFencing())
 	g := newFaultGoroutine(t)
 
@@ -708,10 +702,10 @@ func TestFaultScriptFlush(t *testing.T) {
 
 	flush()
 	flushed := time.Now()
-	cmds.await(t, flushed, faultLease, "a renewal after SCRIPT FLUSH", func(c faultCommand) bool {
+	cmds.await(t, flushed, faultLease, "a renewal after SCRIPT FLUSH", func(c loggedCommand) bool {
 		return len(c.args) > 1 && c.args[0] == "eval" && c.args[1] == luaRenew && c.err == nil
 	})
-	if faultClosed(lost) {
+	if isClosed(lost) {
 		t.Fatal("hold lost after a renewal past SCRIPT FLUSH")
 	}
 	if pttl, err := direct.Do(ctx, "pttl", k.hash).Int64(); err != nil || pttl <= (faultLease*2/3).Milliseconds() {
@@ -728,12 +722,12 @@ func TestFaultScriptFlush(t *testing.T) {
 		t.Fatalf("UnlockContext 2→1 after SCRIPT FLUSH: %v", err)
 	}
 
-	wc, werrs := faultClient(t, faultRDB(t, &redis.Options{Addr: srv.Addr()}))
+	wc, werrs := clientWithErrors(t, rdbAt(t, srv.Addr()))
 	wm := wc.NewMutex(name, WithLease(faultLease), WithFencing())
 	wg := newFaultGoroutine(t)
-	reg := newFaultRegister(t)
+	reg := redistest.NewRegister(t)
 	flush()
-	wdone, w := faultLockAndWrite(wg, faultCtx(t, 10*time.Second), wm, reg, "waiter")
+	wdone, w := faultLockAndWrite(wg, testCtx(t, 10*time.Second), wm, reg, "waiter")
 	faultSubscribed(t, direct, k.channel)
 	flush()
 	if err := faultUnlock(t, g, m); err != nil {
@@ -747,7 +741,7 @@ func TestFaultScriptFlush(t *testing.T) {
 	if err := faultUnlock(t, wg, wm); err != nil {
 		t.Errorf("waiter: UnlockContext after SCRIPT FLUSH: %v", err)
 	}
-	if faultClosed(lost) {
+	if isClosed(lost) {
 		t.Error("Lost closed for a hold that was unlocked normally")
 	}
 	if n, err := direct.Exists(ctx, k.hash, k.queue, k.alive).Result(); err != nil || n != 0 {
@@ -762,15 +756,15 @@ func TestFaultScriptFlush(t *testing.T) {
 // evicts the lock's key; the holder learns of the loss. With the memory still
 // full, acquiring meets OOM, which comes back as an error at once.
 func TestFaultEviction(t *testing.T) {
-	srv := startRedisServer(t, "--maxmemory", "4mb", "--maxmemory-policy", "volatile-lru")
+	srv := redistest.Start(t, "--maxmemory", "4mb", "--maxmemory-policy", "volatile-lru")
 	name := lockName(t)
-	k := faultKeysOf(name)
+	k := keysOf(name)
 	ctx := context.Background()
-	direct := faultRDB(t, &redis.Options{Addr: srv.Addr()})
-	c, errs := faultClient(t, faultRDB(t, &redis.Options{Addr: srv.Addr()}))
+	direct := rdbAt(t, srv.Addr())
+	c, errs := clientWithErrors(t, rdbAt(t, srv.Addr()))
 	m := c.NewMutex(name, WithLease(faultLease), WithFencing())
 	g := newFaultGoroutine(t)
-	reg := newFaultRegister(t)
+	reg := redistest.NewRegister(t)
 	f1, lost := faultHoldTwice(t, g, m, reg, "holder")
 
 	// Keys without a TTL can't be evicted under volatile-lru: the lock's hash,
@@ -809,7 +803,7 @@ func TestFaultEviction(t *testing.T) {
 	if err := direct.ConfigSet(ctx, "maxmemory", strconv.FormatInt(usedBytes/2, 10)).Err(); err != nil {
 		t.Fatal(err)
 	}
-	nc, _ := faultClient(t, faultRDB(t, &redis.Options{Addr: srv.Addr()}))
+	nc, _ := clientWithErrors(t, rdbAt(t, srv.Addr()))
 	nm := nc.NewMutex(name, WithLease(faultLease), WithFencing())
 	ng := newFaultGoroutine(t)
 	var (
@@ -851,7 +845,7 @@ func TestFaultEviction(t *testing.T) {
 	if err := direct.ConfigSet(ctx, "maxmemory", "0").Err(); err != nil {
 		t.Fatal(err)
 	}
-	d, r := faultLockAndWrite(ng, faultCtx(t, 10*time.Second), nm, reg, "after")
+	d, r := faultLockAndWrite(ng, testCtx(t, 10*time.Second), nm, reg, "after")
 	faultAwait(t, d, 5*time.Second, "lock once memory is available")
 	if r.err != nil || !r.wrote || r.fence <= f1 {
 		t.Errorf("once memory is available: LockContext %v, fence %d (before %d), write %v %v", r.err, r.fence, f1, r.wrote, r.werr)
@@ -865,9 +859,9 @@ func TestFaultEviction(t *testing.T) {
 // (Lock panics with it); users who may not subscribe, or may not use the
 // lock's channel at all, still lock and wake through polling.
 func TestFaultACL(t *testing.T) {
-	srv := startRedisServer(t)
+	srv := redistest.Start(t)
 	ctx := context.Background()
-	direct := faultRDB(t, &redis.Options{Addr: srv.Addr()})
+	direct := rdbAt(t, srv.Addr())
 	user := func(t *testing.T, name string, rules ...interface{}) *redis.Options {
 		t.Helper()
 		args := append([]interface{}{"acl", "setuser", name, "reset", "on", ">pw", "~*"}, rules...)
@@ -879,7 +873,7 @@ func TestFaultACL(t *testing.T) {
 
 	t.Run("no-eval", func(t *testing.T) {
 		opt := user(t, "noeval", "&*", "+@all", "-eval", "-evalsha", "-eval_ro", "-evalsha_ro")
-		c, _ := faultClient(t, faultRDB(t, opt))
+		c, _ := clientWithErrors(t, newRDB(t, opt))
 		m := c.NewMutex(lockName(t), WithLease(faultLease))
 		g := newFaultGoroutine(t)
 		var (
@@ -924,21 +918,21 @@ func TestFaultACL(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			opt := user(t, strings.ReplaceAll(tc.name, "-", ""), tc.rules...)
 			name := lockName(t)
-			k := faultKeysOf(name)
+			k := keysOf(name)
 			var logs faultLogBuffer
-			hc, herrs := faultClient(t, faultRDB(t, opt))
-			wc, werrs := faultClient(t, faultRDB(t, opt), WithLogger(logs.logger()))
+			hc, herrs := clientWithErrors(t, newRDB(t, opt))
+			wc, werrs := clientWithErrors(t, newRDB(t, opt), WithLogger(logs.logger()))
 			hm := hc.NewMutex(name, WithLease(faultLease), WithFencing())
 			wm := wc.NewMutex(name, WithLease(faultLease), WithFencing())
 			hg, wg := newFaultGoroutine(t), newFaultGoroutine(t)
-			reg := newFaultRegister(t)
+			reg := redistest.NewRegister(t)
 			for round := 0; round < 2; round++ {
-				d, h := faultLockAndWrite(hg, faultCtx(t, 10*time.Second), hm, reg, "holder")
+				d, h := faultLockAndWrite(hg, testCtx(t, 10*time.Second), hm, reg, "holder")
 				faultAwait(t, d, 5*time.Second, "holder's lock")
 				if h.err != nil || !h.wrote {
 					t.Fatalf("round %d: holder: LockContext %v, write %v %v", round, h.err, h.wrote, h.werr)
 				}
-				wdone, w := faultLockAndWrite(wg, faultCtx(t, 10*time.Second), wm, reg, "waiter")
+				wdone, w := faultLockAndWrite(wg, testCtx(t, 10*time.Second), wm, reg, "waiter")
 				faultEventually(t, 5*time.Second, func() error { // the waiter queued up
 					if n, err := direct.Exists(ctx, k.alive).Result(); err != nil || n == 0 {
 						return fmt.Errorf("no queue entry (%v)", err)
@@ -959,7 +953,7 @@ func TestFaultACL(t *testing.T) {
 			if n := strings.Count(logs.String(), "SUBSCRIBE denied"); n != 1 {
 				t.Errorf("the fallback to polling was logged %d times, want once; log:\n%s", n, logs.String())
 			}
-			if _, stale := reg.check(t); len(stale) != 0 {
+			if _, stale := reg.Check(t); len(stale) != 0 {
 				t.Errorf("stale writes: %v", stale)
 			}
 			if herrs.count(ErrLockLost)+werrs.count(ErrLockLost) != 0 {
@@ -973,13 +967,13 @@ func TestFaultACL(t *testing.T) {
 // call leave nothing behind: no hold, no renewal, no queue entry, no grant
 // that would block the lock, and no subscription once it lingered out.
 func TestFaultCancelWhileWaiting(t *testing.T) {
-	srv := startRedisServer(t)
+	srv := redistest.Start(t)
 	name := lockName(t)
-	k := faultKeysOf(name)
+	k := keysOf(name)
 	ctx := context.Background()
-	direct := faultRDB(t, &redis.Options{Addr: srv.Addr()})
+	direct := rdbAt(t, srv.Addr())
 
-	hc, _ := faultClient(t, faultRDB(t, &redis.Options{Addr: srv.Addr()}))
+	hc, _ := clientWithErrors(t, rdbAt(t, srv.Addr()))
 	hm := hc.NewMutex(name, WithLease(faultLease), WithFencing())
 	hg := newFaultGoroutine(t)
 	var err error
@@ -988,10 +982,10 @@ func TestFaultCancelWhileWaiting(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	cmds := newFaultCommands()
-	wrdb := faultRDB(t, &redis.Options{Addr: srv.Addr()})
+	cmds := newCommandLog()
+	wrdb := rdbAt(t, srv.Addr())
 	wrdb.AddHook(cmds)
-	wc, werrs := faultClient(t, wrdb)
+	wc, werrs := clientWithErrors(t, wrdb)
 	wm := wc.NewMutex(name, WithLease(faultLease), WithFencing())
 	wg := newFaultGoroutine(t)
 	for i, delay := range []time.Duration{5, 5, 5, 5, 5, 1, 2, 3, 8, 13, 30, 100, 300} {
@@ -1051,11 +1045,11 @@ func TestFaultCancelWhileWaiting(t *testing.T) {
 // TestFaultNoStarvation: a hog goroutine that locks again every 10 ms does
 // not starve another Client's waiter, which gets 10 acquisitions within 30s.
 func TestFaultNoStarvation(t *testing.T) {
-	srv := startRedisServer(t)
-	reg := newFaultRegister(t)
+	srv := redistest.Start(t)
+	reg := redistest.NewRegister(t)
 	name := lockName(t)
 
-	hc, herrs := faultClient(t, faultRDB(t, &redis.Options{Addr: srv.Addr()}))
+	hc, herrs := clientWithErrors(t, rdbAt(t, srv.Addr()))
 	hm := hc.NewMutex(name, WithLease(faultLease), WithFencing())
 	stop := make(chan struct{})
 	hogDone := make(chan error, 1)
@@ -1075,9 +1069,9 @@ func TestFaultNoStarvation(t *testing.T) {
 					return fmt.Errorf("hog: LockContext: %w", err)
 				}
 				hogHolds++
-				ok, err := reg.begin(context.Background(), hm.Fence(), "hog."+strconv.Itoa(i))
+				ok, err := reg.Begin(context.Background(), hm.Fence(), "hog."+strconv.Itoa(i))
 				time.Sleep(10 * time.Millisecond) // the hog's critical section
-				ok2, err2 := reg.end(context.Background(), hm.Fence(), "hog."+strconv.Itoa(i))
+				ok2, err2 := reg.End(context.Background(), hm.Fence(), "hog."+strconv.Itoa(i))
 				if err := errors.Join(err, err2, hm.UnlockContext(context.Background())); err != nil || !ok || !ok2 {
 					return fmt.Errorf("hog: write %v %v, unlock: %v", ok, ok2, err)
 				}
@@ -1096,10 +1090,10 @@ func TestFaultNoStarvation(t *testing.T) {
 	}
 	t.Cleanup(stopHog)
 
-	wc, werrs := faultClient(t, faultRDB(t, &redis.Options{Addr: srv.Addr()}))
+	wc, werrs := clientWithErrors(t, rdbAt(t, srv.Addr()))
 	wm := wc.NewMutex(name, WithLease(faultLease), WithFencing())
 	wg := newFaultGoroutine(t)
-	ctx := faultCtx(t, 30*time.Second)
+	ctx := testCtx(t, 30*time.Second)
 	start := time.Now()
 	for i := 0; i < 10; i++ {
 		d, r := faultLockAndWrite(wg, ctx, wm, reg, "waiter."+strconv.Itoa(i))
@@ -1119,7 +1113,7 @@ func TestFaultNoStarvation(t *testing.T) {
 	if hogHolds == 0 {
 		t.Error("the hog never held the lock: there was no contention")
 	}
-	if _, stale := reg.check(t); len(stale) != 0 {
+	if _, stale := reg.Check(t); len(stale) != 0 {
 		t.Errorf("stale writes: %v", stale)
 	}
 	if herrs.count(ErrLockLost)+werrs.count(ErrLockLost) != 0 {
@@ -1142,21 +1136,21 @@ func TestFaultSoak(t *testing.T) {
 		duration = d
 	}
 	const children, goroutines = 3, 3
-	srv := startRedisServer(t)
-	reg := newFaultRegister(t)
+	srv := redistest.Start(t)
+	reg := redistest.NewRegister(t)
 	name := lockName(t)
 
-	var all []*faultChild
-	spawn := func(id int) *faultChild {
-		c := startFaultChild(t, faultChildConfig{
+	var all []*redistest.Child
+	spawn := func(id int) *redistest.Child {
+		c := startChild(t, childConfig{
 			role: "soak", addr: srv.Addr(), name: name, lease: faultLease,
-			register: reg.addr, id: strconv.Itoa(id), goroutines: goroutines,
+			register: reg.Addr(), registerKey: reg.Key(), id: strconv.Itoa(id), goroutines: goroutines,
 		})
-		c.expect(t, "ready", 20*time.Second)
+		c.Expect(t, "ready", 20*time.Second)
 		all = append(all, c)
 		return c
 	}
-	live := make([]*faultChild, children)
+	live := make([]*redistest.Child, children)
 	for i := range live {
 		live[i] = spawn(i)
 	}
@@ -1167,32 +1161,32 @@ func TestFaultSoak(t *testing.T) {
 		time.Sleep(500*time.Millisecond + rand.N(time.Second)) // the random kill schedule
 		i := rand.N(len(live))
 		victim := live[i]
-		victim.drop("h")
-		victim.expect(t, "h", 10*time.Second) // it just took the lock: kill it inside
-		victim.kill()
+		victim.Drop("h")
+		victim.Expect(t, "h", 10*time.Second) // it just took the lock: kill it inside
+		victim.Kill()
 		kills++
 		live[i] = spawn(next)
 		next++
 	}
 	for _, c := range live {
-		c.send(t, "stop")
+		c.Send(t, "stop")
 	}
 	for _, c := range live {
-		c.expect(t, "done", 30*time.Second)
+		c.Expect(t, "done", 30*time.Second)
 	}
 
 	reported := 0
 	for _, c := range all {
-		for c.has("bad") {
-			f, _ := c.take("bad")
-			t.Errorf("child %s: %v", c.cfg.id, f)
+		for c.Has("bad") {
+			f, _ := c.Take("bad")
+			t.Errorf("child %s: %v", c.ID(), f)
 		}
-		for c.has("w") {
-			c.take("w")
+		for c.Has("w") {
+			c.Take("w")
 			reported++
 		}
 	}
-	accepted, stale := reg.check(t)
+	accepted, stale := reg.Check(t)
 	if len(stale) != 0 {
 		t.Errorf("%d stale writes: %v", len(stale), stale)
 	}

@@ -10,18 +10,17 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"errors"
-	"fmt"
 	"math/big"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/remutex/remutex/internal/redistest"
 )
 
 // faultCA is a certificate authority made for one test.
@@ -93,7 +92,6 @@ func (ca *faultCA) issue(t testing.TB) (certPEM, keyPEM []byte) {
 // It is killed at the end of the test.
 func startFaultTLSServer(t testing.TB, ca *faultCA) string {
 	t.Helper()
-	bin := requireRedisServer(t)
 	dir := t.TempDir()
 	certPEM, keyPEM := ca.issue(t)
 	files := map[string][]byte{"ca.crt": ca.pem, "server.crt": certPEM, "server.key": keyPEM}
@@ -102,65 +100,12 @@ func startFaultTLSServer(t testing.TB, ca *faultCA) string {
 			t.Fatal(err)
 		}
 	}
-	var lastErr error
-	for try := 0; try < 5; try++ {
-		port, err := freePort()
-		if err != nil {
-			lastErr = err
-			continue
-		}
-		addr := "127.0.0.1:" + strconv.Itoa(port)
-		cmd := exec.Command(bin,
-			"--port", "0", "--tls-port", strconv.Itoa(port), "--bind", "127.0.0.1",
-			"--tls-cert-file", filepath.Join(dir, "server.crt"),
-			"--tls-key-file", filepath.Join(dir, "server.key"),
-			"--tls-ca-cert-file", filepath.Join(dir, "ca.crt"),
-			"--tls-auth-clients", "no",
-			"--save", "", "--appendonly", "no", "--dir", dir)
-		dieWithParent(cmd)
-		var out faultLogBuffer
-		cmd.Stdout, cmd.Stderr = &out, &out
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		exit := make(chan struct{})
-		go func() { _ = cmd.Wait(); close(exit) }()
-		stop := func() {
-			_ = cmd.Process.Kill()
-			<-exit
-		}
-		if lastErr = faultPingTLS(addr, ca.pool, exit); lastErr == nil {
-			t.Cleanup(stop)
-			return addr
-		}
-		stop()
-		lastErr = fmt.Errorf("%w; output:\n%s", lastErr, out.String())
-	}
-	t.Fatalf("starting a TLS redis-server: %v", lastErr)
-	return ""
-}
-
-// faultPingTLS waits until the server at addr answers PING over TLS.
-func faultPingTLS(addr string, pool *x509.CertPool, exit <-chan struct{}) error {
-	rdb := redis.NewClient(&redis.Options{Addr: addr, TLSConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}, MaxRetries: -1})
-	defer rdb.Close()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		err := rdb.Ping(ctx).Err()
-		cancel()
-		if err == nil {
-			return nil
-		}
-		select {
-		case <-exit:
-			return errors.New("redis-server exited")
-		case <-time.After(10 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("no PING over TLS: %w", err)
-		}
-	}
+	srv := redistest.StartTLS(t, &tls.Config{RootCAs: ca.pool, MinVersion: tls.VersionTLS12},
+		"--tls-cert-file", filepath.Join(dir, "server.crt"),
+		"--tls-key-file", filepath.Join(dir, "server.key"),
+		"--tls-ca-cert-file", filepath.Join(dir, "ca.crt"),
+		"--tls-auth-clients", "no")
+	return srv.Addr()
 }
 
 // TestFaultTLS: on a TLS-only redis-server, locking, renewal and wake-ups
@@ -173,28 +118,28 @@ func TestFaultTLS(t *testing.T) {
 	}
 	ctx := context.Background()
 	name := lockName(t)
-	k := faultKeysOf(name)
-	direct := faultRDB(t, opts(ca.pool))
+	k := keysOf(name)
+	direct := newRDB(t, opts(ca.pool))
 
-	plain := faultRDB(t, &redis.Options{Addr: addr, MaxRetries: -1, ReadTimeout: 500 * time.Millisecond})
+	plain := newRDB(t, &redis.Options{Addr: addr, MaxRetries: -1, ReadTimeout: 500 * time.Millisecond})
 	if err := plain.Ping(ctx).Err(); err == nil {
 		t.Fatal("a plain-text PING succeeded: the server is not TLS-only")
 	}
 
-	cmds := newFaultCommands()
-	hrdb := faultRDB(t, opts(ca.pool))
+	cmds := newCommandLog()
+	hrdb := newRDB(t, opts(ca.pool))
 	hrdb.AddHook(cmds)
-	hc, herrs := faultClient(t, hrdb)
+	hc, herrs := clientWithErrors(t, hrdb)
 	hm := hc.NewMutex(name, WithLease(faultLease), WithFencing())
 	hg := newFaultGoroutine(t)
-	reg := newFaultRegister(t)
-	d, h := faultLockAndWrite(hg, faultCtx(t, 10*time.Second), hm, reg, "holder")
+	reg := redistest.NewRegister(t)
+	d, h := faultLockAndWrite(hg, testCtx(t, 10*time.Second), hm, reg, "holder")
 	faultAwait(t, d, 5*time.Second, "lock over TLS")
 	if h.err != nil || !h.wrote || h.fence == 0 {
 		t.Fatalf("holder over TLS: LockContext %v, fence %d, write %v %v", h.err, h.fence, h.wrote, h.werr)
 	}
 	locked := time.Now()
-	cmds.await(t, locked, faultLease, "a renewal over TLS", func(c faultCommand) bool {
+	cmds.await(t, locked, faultLease, "a renewal over TLS", func(c loggedCommand) bool {
 		return len(c.args) > 1 && c.err == nil &&
 			(c.args[0] == "evalsha" && c.args[1] == renewScript.Hash() || c.args[0] == "eval" && c.args[1] == luaRenew)
 	})
@@ -202,14 +147,14 @@ func TestFaultTLS(t *testing.T) {
 		t.Errorf("PTTL after a renewal: %d ms (%v), want about the lease", pttl, err)
 	}
 
-	wc, werrs := faultClient(t, faultRDB(t, opts(ca.pool)))
+	wc, werrs := clientWithErrors(t, newRDB(t, opts(ca.pool)))
 	wm := wc.NewMutex(name, WithLease(faultLease), WithFencing())
 	wg := newFaultGoroutine(t)
-	wdone, w := faultLockAndWrite(wg, faultCtx(t, 10*time.Second), wm, reg, "waiter")
+	wdone, w := faultLockAndWrite(wg, testCtx(t, 10*time.Second), wm, reg, "waiter")
 	faultSubscribed(t, direct, k.channel) // the waiter's subscription, over TLS
 	observer := direct.Subscribe(ctx, k.channel)
 	defer observer.Close()
-	if _, err := observer.Receive(faultCtx(t, 5*time.Second)); err != nil {
+	if _, err := observer.Receive(testCtx(t, 5*time.Second)); err != nil {
 		t.Fatalf("observer's subscription: %v", err)
 	}
 	if err := faultUnlock(t, hg, hm); err != nil {
@@ -221,7 +166,7 @@ func TestFaultTLS(t *testing.T) {
 		t.Fatalf("waiter over TLS: LockContext %v, fence %d (holder's %d), write %v %v", w.err, w.fence, h.fence, w.wrote, w.werr)
 	}
 	t.Logf("waiter woke %v after the release", w.at.Sub(released))
-	msg, err := observer.ReceiveMessage(faultCtx(t, 5*time.Second))
+	msg, err := observer.ReceiveMessage(testCtx(t, 5*time.Second))
 	if err != nil {
 		t.Fatalf("no release message over TLS: %v", err)
 	}
@@ -233,7 +178,7 @@ func TestFaultTLS(t *testing.T) {
 	}
 
 	other := newFaultCA(t, "another CA")
-	bc, _ := faultClient(t, faultRDB(t, opts(other.pool)))
+	bc, _ := clientWithErrors(t, newRDB(t, opts(other.pool)))
 	bm := bc.NewMutex(name, WithLease(faultLease))
 	bg := newFaultGoroutine(t)
 	var (

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -14,6 +15,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/remutex/remutex/internal/redistest"
 )
 
 // Leases: renewal by the watchdog, lost holds, scripts applied twice, and
@@ -122,7 +125,7 @@ func TestWatchdogIdleWhileRenewalInFlight(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b *backend) {
 		name := lockName(t)
 		const lease = 3 * time.Second // renewals every 1s, batched within 250ms
-		p := startProxy(t, b.addr)
+		p := redistest.NewProxy(t, b.addr)
 		prdb := redis.NewClient(&redis.Options{Addr: p.Addr()})
 		t.Cleanup(func() { _ = prdb.Close() })
 		sent := make(chan struct{})
@@ -131,7 +134,7 @@ func TestWatchdogIdleWhileRenewalInFlight(t *testing.T) {
 			for _, cmd := range cmds {
 				if s, _ := scriptCall(cmd); s == "renew" {
 					once.Do(func() {
-						p.pause() // the first renewal hangs
+						p.Pause() // the first renewal hangs
 						close(sent)
 					})
 				}
@@ -139,7 +142,7 @@ func TestWatchdogIdleWhileRenewalInFlight(t *testing.T) {
 			return next(ctx, cmds)
 		}})
 		c := clientOn(t, prdb)
-		t.Cleanup(p.resume) // before the Client closes
+		t.Cleanup(p.Resume) // before the Client closes
 		first := c.NewMutex(name+".1", WithLease(lease))
 		second := c.NewMutex(name+".2", WithLease(lease))
 		first.Lock()
@@ -153,7 +156,7 @@ func TestWatchdogIdleWhileRenewalInFlight(t *testing.T) {
 		cpu, wall := cpuTime(t)-cpu0, time.Since(wall0)
 		assert.Less(t, cpu, wall/5, "CPU time over %v with a renewal in flight and a hold due: got %v, want the watchdog idle", wall, cpu)
 		require.False(t, isClosed(first.Lost()), "the first hold was lost during the measurement")
-		p.resume()
+		p.Resume()
 		first.Unlock()
 		second.Unlock()
 	})
@@ -372,12 +375,12 @@ func TestLostWhenRedisUnreachable(t *testing.T) {
 		k := keysOf(name)
 		ctx := context.Background()
 		direct := b.rdb(t)
-		p := startProxy(t, b.addr)
+		p := redistest.NewProxy(t, b.addr)
 		prdb := redis.NewClient(&redis.Options{Addr: p.Addr()})
 		t.Cleanup(func() { _ = prdb.Close() })
 		errs := newErrorLog()
 		c := clientOn(t, prdb, WithErrorHandler(errs.handler))
-		t.Cleanup(p.resume) // before the Client closes
+		t.Cleanup(p.Resume) // before the Client closes
 		// The drift margin (lease/40 + 5ms) is what separates the local
 		// deadline from the server's expiry: 5s leaves 52ms for reading PTTL.
 		const lease = 5 * time.Second
@@ -387,12 +390,12 @@ func TestLostWhenRedisUnreachable(t *testing.T) {
 		lost := m.Lost()
 		require.NoError(t, direct.Ping(ctx).Err()) // connected before the clock matters
 
-		p.pause()
+		p.Pause()
 		await(t, lost, "Lost to close")
 		pttl, err := direct.PTTL(ctx, k.hash).Result()
 		require.NoError(t, err)
 		assert.Greater(t, pttl, time.Duration(0), "PTTL on the server when Lost closed")
-		p.resume()
+		p.Resume()
 		waitFor(t, "the error handler to hear of the loss", func() bool { return len(errs.matching(ErrLockLost)) > 0 })
 
 		assert.ErrorIs(t, m.UnlockContext(ctx), ErrLockLost)
@@ -403,13 +406,13 @@ func TestLostWhenRedisUnreachable(t *testing.T) {
 	})
 }
 
-// childFence reads the child's "locked <fence>" line.
-func childFence(t *testing.T, ch *childHolder) int64 {
+// childFence reads the child's "locked <fence>" event.
+func childFence(t *testing.T, ch *redistest.Child) int64 {
 	t.Helper()
-	line := await(t, ch.lines, "the child to lock")
-	var fence int64
-	_, err := fmt.Sscanf(line, "locked %d", &fence)
-	require.NoError(t, err, "the child said %q, want \"locked <fence>\"", line)
+	f := ch.Expect(t, "locked", hangGuard)
+	require.Len(t, f, 1, "the child said locked %q, want \"locked <fence>\"", f)
+	fence, err := strconv.ParseInt(f[0], 10, 64)
+	require.NoError(t, err, "the child said locked %q, want \"locked <fence>\"", f)
 	return fence
 }
 
@@ -428,7 +431,7 @@ func TestKilledHolderProcess(t *testing.T) {
 
 		w := goLock(t, b.client(t).NewMutex(name, WithFencing()))
 		waitFor(t, "the waiter in the queue", func() bool { return rdb.ZCard(ctx, k.queue).Val() == 1 })
-		child.kill(t)
+		child.Kill()
 		b.fastForward(lease)
 		require.NoError(t, await(t, w.locked, "the waiter to get the lock"))
 		assert.Greater(t, w.fence.Load(), childToken, "the waiter's fencing token vs the dead holder's")
@@ -453,13 +456,13 @@ func TestPausedHolderProcess(t *testing.T) {
 		wc := b.client(t)
 		w := goLock(t, wc.NewMutex(name, WithFencing()))
 		waitFor(t, "the waiter in the queue", func() bool { return rdb.ZCard(ctx, k.queue).Val() == 1 })
-		child.signal(t, syscall.SIGSTOP)
+		child.Signal(t, syscall.SIGSTOP)
 		b.fastForward(lease)
 		require.NoError(t, await(t, w.locked, "the waiter to get the lock"))
 		assert.Greater(t, w.fence.Load(), childToken, "the waiter's fencing token vs the paused holder's")
 
-		child.signal(t, syscall.SIGCONT)
-		assert.Equal(t, "lost true", await(t, child.lines, "the child to notice the loss"), "the child's report")
+		child.Signal(t, syscall.SIGCONT)
+		assert.Equal(t, []string{"true"}, child.Expect(t, "lost", hangGuard), "the child's report: lost, and UnlockContext said ErrLockLost")
 		fields := rdb.HKeys(ctx, k.hash).Val()
 		if assert.Len(t, fields, 1, "holds in Redis after the child unlocked") {
 			assert.True(t, strings.HasPrefix(fields[0], wc.id+":"), "holder in Redis: got %s, want the waiter's client", fields[0])

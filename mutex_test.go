@@ -62,42 +62,6 @@ func TestErrorsAreDistinct(t *testing.T) {
 	}
 }
 
-// errorLog collects what an error handler hears.
-type errorLog struct {
-	mu   sync.Mutex
-	errs []error
-	ch   chan error // every error, for tests that await one
-}
-
-func newErrorLog() *errorLog { return &errorLog{ch: make(chan error, 1000)} }
-
-func (l *errorLog) handler(err error) {
-	l.mu.Lock()
-	l.errs = append(l.errs, err)
-	l.mu.Unlock()
-	select {
-	case l.ch <- err:
-	default:
-	}
-}
-
-func (l *errorLog) all() []error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return append([]error(nil), l.errs...)
-}
-
-// matching returns the errors heard that match target with errors.Is.
-func (l *errorLog) matching(target error) []error {
-	var out []error
-	for _, err := range l.all() {
-		if errors.Is(err, target) {
-			out = append(out, err)
-		}
-	}
-	return out
-}
-
 // panicValue runs f and returns what it panicked with, as text.
 func panicValue(f func()) (msg string, panicked bool) {
 	defer func() {
@@ -225,9 +189,9 @@ func TestKeyPrefix(t *testing.T) {
 
 func TestConstructionPanics(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b *backend) {
-		var counter commandCounter
+		var counter commandLog
 		rdb := b.rdb(t)
-		rdb.AddHook(counter.hook())
+		rdb.AddHook(&counter)
 		c := NewClient(rdb)
 		t.Cleanup(func() { _ = c.Close() })
 
@@ -621,9 +585,9 @@ func TestLockRetriesTransientErrors(t *testing.T) {
 func TestLockContextDone(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b *backend) {
 		name := lockName(t)
-		var counter commandCounter
+		var counter commandLog
 		rdb := b.rdb(t)
-		rdb.AddHook(counter.hook())
+		rdb.AddHook(&counter)
 		c := clientOn(t, rdb)
 		m := c.NewMutex(name)
 

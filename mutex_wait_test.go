@@ -13,6 +13,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/remutex/remutex/internal/redistest"
 )
 
 // Waiting: release messages, the hand-off queue in Redis (starvation mode),
@@ -395,7 +397,7 @@ func TestGiveUpReleasesGrant(t *testing.T) {
 		holder := b.client(t).NewMutex(name)
 		holder.Lock()
 
-		p := startProxy(t, b.addr)
+		p := redistest.NewProxy(t, b.addr)
 		var holdRefresh sync.Once
 		holding := make(chan struct{})
 		enqueued := make(chan struct{}, 1)
@@ -429,7 +431,7 @@ func TestGiveUpReleasesGrant(t *testing.T) {
 			return next(ctx, cmd)
 		}})
 		wc := clientOn(t, wrdb)
-		t.Cleanup(p.resume) // before the Client closes
+		t.Cleanup(p.Resume) // before the Client closes
 		wm := wc.NewMutex(name)
 		wctx, cancel := context.WithCancel(ctx)
 		defer cancel()
@@ -438,7 +440,7 @@ func TestGiveUpReleasesGrant(t *testing.T) {
 
 		await(t, enqueued, "the waiter to join the queue")
 		holdRefresh.Do(func() { close(holding) })
-		p.pause()
+		p.Pause()
 		holder.Unlock()
 		fields := rdb.HKeys(ctx, k.hash).Val()
 		require.Len(t, fields, 1, "holds in Redis after the release")
@@ -446,7 +448,7 @@ func TestGiveUpReleasesGrant(t *testing.T) {
 
 		cancel()
 		await(t, leaving, "the waiter to leave the queue")
-		p.resume()
+		p.Resume()
 		assert.ErrorIs(t, await(t, res, "LockContext to give up"), context.Canceled)
 		assert.Equal(t, int64(0), rdb.Exists(ctx, k.hash, k.queue, k.alive).Val(), "keys after the waiter left")
 		assert.Equal(t, 0, watchdogHolds(wc), "holds renewed by the waiter's Client")
@@ -486,7 +488,7 @@ func (h *recordingHandler) count(substr string) int {
 // the lock after a release, and logs the fallback once. Only on the real
 // server: miniredis does not enforce ACL command permissions.
 func TestSubscribeDenied(t *testing.T) {
-	srv := sharedServer.get(t)
+	srv := redistest.Shared(t)
 	b := &backend{name: "redis-server", addr: srv.Addr(), srv: srv}
 	name := lockName(t)
 	k := keysOf(name)

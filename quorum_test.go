@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/remutex/remutex/internal/redistest"
 )
 
 // Tests of NewQuorumClient (Redlock) on three and on five independent
@@ -29,17 +31,17 @@ func quorumSizes(t *testing.T, f func(t *testing.T, n int)) {
 func TestQuorumExclusion(t *testing.T) {
 	quorumSizes(t, func(t *testing.T, n int) {
 		const clients, goroutines, rounds = 3, 2, 6
-		srvs := startServers(t, n)
+		srvs := redistest.StartServers(t, n)
 		name := lockName(t)
 		var mutexes []*DistMutex
 		for i := 0; i < clients; i++ {
 			mutexes = append(mutexes, quorumClient(t, srvs).NewMutex(name, WithFencing()))
 		}
-		reg := &fencedRegister{}
-		if err := hammer(topoCtx(t), reg, mutexes, goroutines, rounds, true); err != nil {
+		reg := redistest.NewRegister(t)
+		if err := hammer(testCtx(t, hangGuard), reg, mutexes, goroutines, rounds); err != nil {
 			t.Fatal(err)
 		}
-		reg.check(t, clients*goroutines*rounds, true)
+		reg.CheckSections(t, clients*goroutines*rounds)
 	})
 }
 
@@ -50,8 +52,8 @@ func TestQuorumMinorityLoss(t *testing.T) {
 	quorumSizes(t, func(t *testing.T, n int) {
 		const lease = 300 * time.Millisecond
 		settleDialers(t)
-		ctx := topoCtx(t)
-		srvs := startServers(t, n)
+		ctx := testCtx(t, hangGuard)
+		srvs := redistest.StartServers(t, n)
 		name := lockName(t)
 		m := quorumClient(t, srvs).NewMutex(name, WithLease(lease), WithFencing())
 		other := quorumClient(t, srvs).NewMutex(name, WithLease(lease))
@@ -61,7 +63,7 @@ func TestQuorumMinorityLoss(t *testing.T) {
 		lost := m.Lost()
 		minority := n - (n/2 + 1)
 		for _, s := range srvs[:minority] {
-			s.stop()
+			s.Stop()
 		}
 		time.Sleep(3*lease + lease/2) // the time that passes is the point
 		if isClosed(lost) {
@@ -70,7 +72,7 @@ func TestQuorumMinorityLoss(t *testing.T) {
 		if ok, err := other.TryLockContext(ctx); ok || err != nil {
 			t.Fatalf("another Client's TryLockContext with %d of %d servers killed: got (%v, %v), want (false, nil)", minority, n, ok, err)
 		}
-		srvs[minority].stop()
+		srvs[minority].Stop()
 		await(t, lost, fmt.Sprintf("the hold lost with %d of %d servers killed", minority+1, n))
 		if err := m.UnlockContext(ctx); !errors.Is(err, ErrLockLost) {
 			t.Errorf("UnlockContext after the loss: got %v, want ErrLockLost", err)
@@ -83,16 +85,16 @@ func TestQuorumMinorityLoss(t *testing.T) {
 // read timeout: whatever waits for a paused server waits until the test
 // resumes it, and fails on its hang guard first.
 type pausedQuorum struct {
-	srvs   []*redisServer
-	paused []*redisServer
+	srvs   []*redistest.Server
+	paused []*redistest.Server
 }
 
 func startPausedQuorum(t *testing.T, n int) *pausedQuorum {
 	t.Helper()
-	q := &pausedQuorum{srvs: startServers(t, n)}
+	q := &pausedQuorum{srvs: redistest.StartServers(t, n)}
 	q.paused = q.srvs[:n-(n/2+1)]
 	for _, s := range q.paused {
-		s.signal(t, syscall.SIGSTOP)
+		s.Signal(t, syscall.SIGSTOP)
 	}
 	return q
 }
@@ -104,7 +106,7 @@ func (q *pausedQuorum) client(t *testing.T, opts ...Option) *Client {
 	t.Helper()
 	rdbs := make([]redis.UniversalClient, len(q.srvs))
 	for i, s := range q.srvs {
-		rdbs[i] = topoRDB(t, s.Addr(), func(o *redis.Options) { o.ReadTimeout = -1 })
+		rdbs[i] = newRDB(t, &redis.Options{Addr: s.Addr(), ReadTimeout: -1})
 	}
 	c := NewQuorumClient(rdbs, append([]Option{WithLogger(testLogger(t))}, opts...)...)
 	t.Cleanup(func() { _ = c.Close() })
@@ -115,7 +117,7 @@ func (q *pausedQuorum) client(t *testing.T, opts ...Option) *Client {
 func (q *pausedQuorum) resume(t *testing.T) {
 	t.Helper()
 	for _, s := range q.paused {
-		s.signal(t, syscall.SIGCONT)
+		s.Signal(t, syscall.SIGCONT)
 	}
 }
 
@@ -127,7 +129,7 @@ func TestQuorumPausedServer(t *testing.T) {
 	quorumSizes(t, func(t *testing.T, n int) {
 		q := startPausedQuorum(t, n)
 		name := lockName(t)
-		reg := &fencedRegister{}
+		reg := redistest.NewRegister(t)
 		a := lockAsync(t, q.client(t).NewMutex(name, WithFencing()), reg, "first")
 		ra := await(t, a.locked, "the first Client's LockContext with a minority paused")
 		if ra.err != nil {
@@ -163,7 +165,7 @@ func TestQuorumPausedServer(t *testing.T) {
 				t.Errorf("UnlockContext: got %v, want nil", err)
 			}
 		}
-		reg.check(t, 2, true)
+		reg.CheckSections(t, 2)
 	})
 }
 
@@ -172,14 +174,14 @@ func TestQuorumPausedServer(t *testing.T) {
 // waiting for the paused servers (their calls finish in the background).
 func TestQuorumUnlockWithPausedServer(t *testing.T) {
 	quorumSizes(t, func(t *testing.T, n int) {
-		q := &pausedQuorum{srvs: startServers(t, n)}
+		q := &pausedQuorum{srvs: redistest.StartServers(t, n)}
 		l := lockAsync(t, q.client(t).NewMutex(lockName(t)), nil, "")
 		if r := await(t, l.locked, "LockContext"); r.err != nil {
 			t.Fatalf("LockContext: got %v, want nil", r.err)
 		}
 		q.paused = q.srvs[:n-(n/2+1)]
 		for _, s := range q.paused {
-			s.signal(t, syscall.SIGSTOP)
+			s.Signal(t, syscall.SIGSTOP)
 		}
 		t.Cleanup(func() { q.resume(t) }) // before the goroutine is joined
 		l.unlock()
@@ -195,13 +197,13 @@ func TestQuorumUnlockWithPausedServer(t *testing.T) {
 // once per round trip for as long as it waits.
 func TestQuorumWaiterDoesNotPoll(t *testing.T) {
 	const hold = 300 * time.Millisecond
-	srvs := startServers(t, 3)
+	srvs := redistest.StartServers(t, 3)
 	name := lockName(t)
 	holder := quorumClient(t, srvs).NewMutex(name)
 	var calls atomic.Int64
 	rdbs := make([]redis.UniversalClient, len(srvs))
 	for i, s := range srvs {
-		rdb := topoRDB(t, s.Addr())
+		rdb := rdbAt(t, s.Addr())
 		rdb.AddHook(hookFuncs{process: func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
 			if name, _ := scriptCall(cmd); name == "acquire" {
 				calls.Add(1)
@@ -213,7 +215,7 @@ func TestQuorumWaiterDoesNotPoll(t *testing.T) {
 	waiter := NewQuorumClient(rdbs, WithLogger(testLogger(t)))
 	t.Cleanup(func() { _ = waiter.Close() })
 
-	ctx := topoCtx(t)
+	ctx := testCtx(t, hangGuard)
 	if err := holder.LockContext(ctx); err != nil {
 		t.Fatalf("LockContext: got %v, want nil", err)
 	}
@@ -242,8 +244,8 @@ func TestQuorumWaiterDoesNotPoll(t *testing.T) {
 func TestQuorumReentrancyAndWatchdog(t *testing.T) {
 	quorumSizes(t, func(t *testing.T, n int) {
 		const lease = 300 * time.Millisecond
-		ctx := topoCtx(t)
-		srvs := startServers(t, n)
+		ctx := testCtx(t, hangGuard)
+		srvs := redistest.StartServers(t, n)
 		name := lockName(t)
 		c := quorumClient(t, srvs)
 		m := c.NewMutex(name, WithLease(lease), WithFencing())
@@ -272,7 +274,7 @@ func TestQuorumReentrancyAndWatchdog(t *testing.T) {
 		// final release deletes the field whatever its count).
 		atThree := 0
 		for i, s := range srvs {
-			rdb := topoRDB(t, s.Addr())
+			rdb := rdbAt(t, s.Addr())
 			counts, err := rdb.HVals(ctx, m.k.hash()).Result()
 			if err != nil || len(counts) != 1 {
 				t.Errorf("server %d: hold counts of %s: got %q (%v), want one", i, m.k.hash(), counts, err)
@@ -314,10 +316,10 @@ func TestQuorumReentrancyAndWatchdog(t *testing.T) {
 func TestQuorumRestartedServers(t *testing.T) {
 	quorumSizes(t, func(t *testing.T, n int) {
 		settleDialers(t)
-		ctx := topoCtx(t)
-		srvs := startServers(t, n)
+		ctx := testCtx(t, hangGuard)
+		srvs := redistest.StartServers(t, n)
 		name := lockName(t)
-		reg := &fencedRegister{}
+		reg := redistest.NewRegister(t)
 		mutexes := []*DistMutex{
 			quorumClient(t, srvs).NewMutex(name, WithFencing()),
 			quorumClient(t, srvs).NewMutex(name, WithFencing()),
@@ -325,38 +327,38 @@ func TestQuorumRestartedServers(t *testing.T) {
 		const goroutines, rounds = 2, 3
 		phase := func(what string) {
 			t.Helper()
-			if err := hammer(ctx, reg, mutexes, goroutines, rounds, true); err != nil {
+			if err := hammer(ctx, reg, mutexes, goroutines, rounds); err != nil {
 				t.Fatalf("%s: %v", what, err)
 			}
 		}
 		phase("all servers up")
 		minority := srvs[:n-(n/2+1)]
 		for _, s := range minority {
-			s.stop()
+			s.Stop()
 		}
 		phase("a minority killed")
 		for _, s := range minority {
-			s.restart(t)
+			s.Restart(t)
 		}
 		phase("the minority restarted empty")
 		// go-redis may refuse to dial a server for a second after it was
 		// down: lock until every restarted server took part again (its
 		// fence counter is back).
 		for _, s := range minority {
-			rdb := topoRDB(t, s.Addr())
+			rdb := rdbAt(t, s.Addr())
 			waitFor(t, "the fence counter back on restarted server "+s.Addr(), func() bool {
 				m := mutexes[0]
 				if err := m.LockContext(ctx); err != nil {
 					t.Fatalf("LockContext after the restart: got %v, want nil", err)
 				}
-				reg.enter("after the restart", m.Fence(), true)
+				reg.Enter("after the restart", m.Fence())()
 				if err := m.UnlockContext(ctx); err != nil {
 					t.Fatalf("UnlockContext after the restart: got %v, want nil", err)
 				}
 				return rdb.Exists(ctx, m.k.keys[1]).Val() == 1
 			})
 		}
-		reg.check(t, 3*2*goroutines*rounds, true)
+		reg.CheckSections(t, 3*2*goroutines*rounds)
 	})
 }
 
@@ -370,15 +372,15 @@ func TestQuorumRestartedServers(t *testing.T) {
 // the first's next renewal finds it gone, a third of a lease later).
 func TestQuorumRestartCaveat(t *testing.T) {
 	settleDialers(t)
-	ctx := topoCtx(t)
-	srvs := startServers(t, 3)
+	ctx := testCtx(t, hangGuard)
+	srvs := redistest.StartServers(t, 3)
 	name := lockName(t)
 	// The first Client's call to the third server may still be on its way
 	// when LockContext returns: answered tells when it came back.
 	answered := make(chan struct{}, 1)
 	rdbs := make([]redis.UniversalClient, len(srvs))
 	for i, s := range srvs {
-		rdb := topoRDB(t, s.Addr())
+		rdb := rdbAt(t, s.Addr())
 		if i == 2 {
 			rdb.AddHook(hookFuncs{process: func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
 				err := next(ctx, cmd)
@@ -394,7 +396,7 @@ func TestQuorumRestartCaveat(t *testing.T) {
 	t.Cleanup(func() { _ = ca.Close() })
 	ma := ca.NewMutex(name)
 	mb := quorumClient(t, srvs).NewMutex(name)
-	third := topoRDB(t, srvs[2].Addr())
+	third := rdbAt(t, srvs[2].Addr())
 	if err := third.HSet(ctx, ma.k.hash(), "crashed:1", 1).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -405,7 +407,7 @@ func TestQuorumRestartCaveat(t *testing.T) {
 	if err := third.Del(ctx, ma.k.hash()).Err(); err != nil { // its lease ran out
 		t.Fatal(err)
 	}
-	srvs[0].restart(t)
+	srvs[0].Restart(t)
 	ok, err := mb.TryLockContext(ctx)
 	if err != nil {
 		t.Fatalf("second Client's TryLockContext: got %v, want nil", err)

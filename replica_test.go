@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/remutex/remutex/internal/redistest"
 )
 
 // Tests on a real primary and replica: with WithReplicaAck a lock survives
@@ -22,10 +24,10 @@ import (
 // replication stream in a proxy.
 
 // promote makes srv a primary (REPLICAOF NO ONE) and returns a client for it.
-func promote(t *testing.T, srv *redisServer) {
+func promote(t *testing.T, srv *redistest.Server) {
 	t.Helper()
-	rdb := topoRDB(t, srv.Addr())
-	if err := rdb.ReplicaOf(topoCtx(t), "no", "one").Err(); err != nil {
+	rdb := rdbAt(t, srv.Addr())
+	if err := rdb.ReplicaOf(testCtx(t, hangGuard), "no", "one").Err(); err != nil {
 		t.Fatalf("REPLICAOF NO ONE on %s: %v", srv.Addr(), err)
 	}
 }
@@ -33,20 +35,20 @@ func promote(t *testing.T, srv *redisServer) {
 func TestReplicaAckSurvivesFailover(t *testing.T) {
 	const lease = time.Second
 	settleDialers(t)
-	ctx := topoCtx(t)
-	p := startReplicaPair(t, false)
+	ctx := testCtx(t, hangGuard)
+	p := redistest.StartReplicaPair(t, false)
 	name := lockName(t)
-	a := topoClient(t, topoRDB(t, p.primary.Addr()), WithReplicaAck(1, time.Second))
+	a := clientOn(t, rdbAt(t, p.Primary.Addr()), WithReplicaAck(1, time.Second))
 	ma := a.NewMutex(name, WithLease(lease), WithFencing())
 	if err := ma.LockContext(ctx); err != nil {
 		t.Fatalf("LockContext with WithReplicaAck(1, 1s): got %v, want nil", err)
 	}
 	fa, lostA := ma.Fence(), ma.Lost()
 
-	p.primary.stop() // SIGKILL: whatever it did not send is gone
-	promote(t, p.replica)
-	rdb := topoRDB(t, p.replica.Addr())
-	b := topoClient(t, rdb)
+	p.Primary.Stop() // SIGKILL: whatever it did not send is gone
+	promote(t, p.Replica)
+	rdb := rdbAt(t, p.Replica.Addr())
+	b := clientOn(t, rdb)
 	mb := b.NewMutex(name, WithLease(lease), WithFencing())
 	if ok, err := mb.TryLockContext(ctx); ok || err != nil {
 		t.Fatalf("TryLockContext on the promoted replica while the first hold's lease runs: got (%v, %v), want (false, nil)", ok, err)
@@ -86,13 +88,13 @@ func TestReplicaAckSurvivesFailover(t *testing.T) {
 func TestReplicaFailoverWithoutAck(t *testing.T) {
 	const lease = 5 * time.Second
 	settleDialers(t)
-	ctx := topoCtx(t)
-	p := startReplicaPair(t, true)
+	ctx := testCtx(t, hangGuard)
+	p := redistest.StartReplicaPair(t, true)
 	name := lockName(t)
-	prdb := topoRDB(t, p.primary.Addr())
-	p.link.pause()
+	prdb := rdbAt(t, p.Primary.Addr())
+	p.Link.Pause()
 
-	acked := topoClient(t, topoRDB(t, p.primary.Addr()), WithReplicaAck(1, 100*time.Millisecond))
+	acked := clientOn(t, rdbAt(t, p.Primary.Addr()), WithReplicaAck(1, 100*time.Millisecond))
 	mAcked := acked.NewMutex(name, WithLease(lease))
 	if ok, err := mAcked.TryLockContext(ctx); ok || !errors.Is(err, ErrTooFewReplicas) {
 		t.Fatalf("TryLockContext with WithReplicaAck(1, 100ms) and replication held: got (%v, %v), want (false, ErrTooFewReplicas)", ok, err)
@@ -101,18 +103,18 @@ func TestReplicaFailoverWithoutAck(t *testing.T) {
 		t.Fatalf("EXISTS %s on the primary after the refused acquisition: got %d, want 0", mAcked.k.hash(), n)
 	}
 
-	a := topoClient(t, topoRDB(t, p.primary.Addr()))
+	a := clientOn(t, rdbAt(t, p.Primary.Addr()))
 	ma := a.NewMutex(name, WithLease(lease))
 	if err := ma.LockContext(ctx); err != nil {
 		t.Fatalf("LockContext without WithReplicaAck: got %v, want nil", err)
 	}
-	rrdb := topoRDB(t, p.replica.Addr())
+	rrdb := rdbAt(t, p.Replica.Addr())
 	if n := rrdb.Exists(ctx, ma.k.hash()).Val(); n != 0 {
 		t.Fatalf("EXISTS %s on the replica while replication is held: got %d, want 0", ma.k.hash(), n)
 	}
-	p.primary.stop()
-	promote(t, p.replica)
-	mb := topoClient(t, rrdb).NewMutex(name, WithLease(lease))
+	p.Primary.Stop()
+	promote(t, p.Replica)
+	mb := clientOn(t, rrdb).NewMutex(name, WithLease(lease))
 	ok, err := mb.TryLockContext(ctx)
 	if err != nil {
 		t.Fatalf("TryLockContext on the promoted replica: got %v, want nil", err)
@@ -130,11 +132,11 @@ func TestReplicaFailoverWithoutAck(t *testing.T) {
 // key of the lock is left on either server; Lock keeps retrying (reporting
 // each shortfall) until its context ends.
 func TestReplicaAckShortfall(t *testing.T) {
-	ctx := topoCtx(t)
-	p := startReplicaPair(t, false)
+	ctx := testCtx(t, hangGuard)
+	p := redistest.StartReplicaPair(t, false)
 	name := lockName(t)
-	sink := &errSink{}
-	c := topoClient(t, topoRDB(t, p.primary.Addr()), WithReplicaAck(2, 50*time.Millisecond), WithErrorHandler(sink.handle))
+	sink := newErrorLog()
+	c := clientOn(t, rdbAt(t, p.Primary.Addr()), WithReplicaAck(2, 50*time.Millisecond), WithErrorHandler(sink.handler))
 	m := c.NewMutex(name, WithFencing())
 
 	if ok, err := m.TryLockContext(ctx); ok || !errors.Is(err, ErrTooFewReplicas) {
@@ -159,11 +161,11 @@ func TestReplicaAckShortfall(t *testing.T) {
 		t.Errorf("HoldCount: got %d, want 0", got)
 	}
 	prefix := DefaultKeyPrefix + "{" + name + "}"
-	for _, srv := range []*redisServer{p.primary, p.replica} {
-		rdb := topoRDB(t, srv.Addr())
+	for _, srv := range []*redistest.Server{p.Primary, p.Replica} {
+		rdb := rdbAt(t, srv.Addr())
 		// The fence counter is kept by design (tokens never go back); no
 		// other key may remain.
-		for _, k := range keysWithPrefix(t, rdb, prefix) {
+		for _, k := range redistest.KeysWithPrefix(t, rdb, prefix) {
 			if k != prefix+":fence" {
 				t.Errorf("key left on %s after refused acquisitions: got %q, want none but the fence counter", srv.Addr(), k)
 			}
@@ -177,10 +179,10 @@ func TestReplicaAckShortfall(t *testing.T) {
 // validity ends.
 func TestReplicaAckRenewalShortfall(t *testing.T) {
 	const lease = 300 * time.Millisecond
-	ctx := topoCtx(t)
-	p := startReplicaPair(t, true)
-	sink := &errSink{}
-	c := topoClient(t, topoRDB(t, p.primary.Addr()), WithReplicaAck(1, 50*time.Millisecond), WithErrorHandler(sink.handle))
+	ctx := testCtx(t, hangGuard)
+	p := redistest.StartReplicaPair(t, true)
+	sink := newErrorLog()
+	c := clientOn(t, rdbAt(t, p.Primary.Addr()), WithReplicaAck(1, 50*time.Millisecond), WithErrorHandler(sink.handler))
 	m := c.NewMutex(lockName(t), WithLease(lease))
 	if err := m.LockContext(ctx); err != nil {
 		t.Fatalf("LockContext: got %v, want nil", err)
@@ -189,7 +191,7 @@ func TestReplicaAckRenewalShortfall(t *testing.T) {
 	if isClosed(m.Lost()) {
 		t.Fatalf("Lost closed while the replica acknowledges, want it held")
 	}
-	p.link.pause()
+	p.Link.Pause()
 	await(t, m.Lost(), "the hold lost once renewals went unacknowledged")
 	// The error handler hears of it just after Lost closes.
 	waitFor(t, "ErrLockLost reported to the error handler", func() bool { return sink.count(ErrLockLost) == 1 })

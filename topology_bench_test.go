@@ -3,6 +3,8 @@ package remutex
 import (
 	"testing"
 	"time"
+
+	"github.com/remutex/remutex/internal/redistest"
 )
 
 // BenchmarkTopologyLockUnlock measures one uncontended Lock+Unlock cycle on
@@ -12,20 +14,20 @@ import (
 // each with single for the cost of the topology.
 func BenchmarkTopologyLockUnlock(b *testing.B) {
 	b.Run("single", func(b *testing.B) {
-		srv := startRedisServer(b)
-		benchTopologyCycle(b, topoClient(b, topoRDB(b, srv.Addr())))
+		srv := redistest.Start(b)
+		benchTopologyCycle(b, clientOn(b, rdbAt(b, srv.Addr())))
 	})
 	b.Run("cluster-3", func(b *testing.B) {
-		tc := startCluster(b, 3, 0)
-		benchTopologyCycle(b, topoClient(b, tc.client(b)))
+		tc := redistest.StartCluster(b, 3, 0)
+		benchTopologyCycle(b, clientOn(b, tc.Client(b)))
 	})
 	b.Run("replica-ack", func(b *testing.B) {
-		p := startReplicaPair(b, false)
-		benchTopologyCycle(b, topoClient(b, topoRDB(b, p.primary.Addr()), WithReplicaAck(1, 100*time.Millisecond)))
+		p := redistest.StartReplicaPair(b, false)
+		benchTopologyCycle(b, clientOn(b, rdbAt(b, p.Primary.Addr()), WithReplicaAck(1, 100*time.Millisecond)))
 	})
 	for _, n := range []int{3, 5} {
 		b.Run("quorum-"+string(rune('0'+n)), func(b *testing.B) {
-			benchTopologyCycle(b, quorumClient(b, startServers(b, n)))
+			benchTopologyCycle(b, quorumClient(b, redistest.StartServers(b, n)))
 		})
 	}
 }

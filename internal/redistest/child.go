@@ -182,14 +182,18 @@ func (c *Child) Expect(t testing.TB, kind string, timeout time.Duration) []strin
 			if f, ok := c.Take(kind); ok {
 				return f
 			}
-			t.Fatalf("child %s exited before %q; stderr:\n%s", c.id, kind, c.stderr.String())
+			t.Fatalf("child %s exited before %q (pending %s); stderr:\n%s", c.id, kind, c.pending(), c.stderr.String())
 		case <-deadline.C:
-			c.mu.Lock()
-			pending := fmt.Sprint(c.events)
-			c.mu.Unlock()
-			t.Fatalf("child %s: no %q within %v (pending %s); stderr:\n%s", c.id, kind, timeout, pending, c.stderr.String())
+			t.Fatalf("child %s: no %q within %v (pending %s); stderr:\n%s", c.id, kind, timeout, c.pending(), c.stderr.String())
 		}
 	}
+}
+
+// pending returns the events not yet taken, for a failure message.
+func (c *Child) pending() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return fmt.Sprint(c.events)
 }
 
 // Signal sends sig (SIGSTOP, SIGCONT, ...) to the child.

@@ -305,13 +305,13 @@ func (n *Node) ShardSubs(t testing.TB, channel string) int64 {
 	return m[channel]
 }
 
-// Keys returns the keys beginning with prefix on n, sorted (a test server:
-// KEYS is fine).
-func (n *Node) Keys(t testing.TB, prefix string) []string {
+// KeysWithPrefix returns the keys beginning with prefix on the server of
+// rdb, sorted (a test server: KEYS is fine).
+func KeysWithPrefix(t testing.TB, rdb *redis.Client, prefix string) []string {
 	t.Helper()
-	keys, err := n.RDB.Keys(adminCtx(t), prefix+"*").Result()
+	keys, err := rdb.Keys(adminCtx(t), prefix+"*").Result()
 	if err != nil {
-		t.Fatalf("KEYS %s* on %v: %v", prefix, n, err)
+		t.Fatalf("KEYS %s* on %v: %v", prefix, rdb.Options().Addr, err)
 	}
 	sort.Strings(keys)
 	return keys
