@@ -171,12 +171,8 @@ func sale(ctx context.Context, addr string, cfg config, locked bool) (result, er
 	}
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-
-	var id [8]byte
-	_, _ = rand.Read(id[:])
-	run := "flashsale:" + hex.EncodeToString(id[:])
+	run := newRunName()
 	stockKey := run + ":stock"
-
 	admin := redis.NewClient(&redis.Options{Addr: addr})
 	defer admin.Close()
 	if err := admin.Set(ctx, stockKey, cfg.stock, time.Hour).Err(); err != nil {
@@ -199,47 +195,79 @@ func sale(ctx context.Context, addr string, cfg config, locked bool) (result, er
 		}
 	}
 
-	var (
-		next          atomic.Int64 // buyers that came
-		sold, refused atomic.Int64
-		wg            sync.WaitGroup
-		errOnce       sync.Once
-		firstErr      error
-	)
-	fail := func(err error) {
-		errOnce.Do(func() { firstErr = err; cancel() })
-	}
+	var next atomic.Int64 // buyers that came
+	come := func() (bool, error) { return next.Add(1) <= int64(cfg.buyers), nil }
+	c := &counter{cancel: cancel}
 	start := time.Now()
 	for i := range cfg.clients {
 		for range cfg.goroutines {
-			wg.Add(1)
-			go func(rdb *redis.Client, m *remutex.DistMutex) {
-				defer wg.Done()
-				for next.Add(1) <= int64(cfg.buyers) {
-					got, err := buy(ctx, rdb, m, stockKey, cfg.gap)
-					if err != nil {
-						fail(err)
-						return
-					}
-					if got {
-						sold.Add(1)
-					} else {
-						refused.Add(1)
-					}
-				}
-			}(rdbs[i], mutexes[i])
+			c.start(func() { c.serve(ctx, come, rdbs[i], mutexes[i], stockKey, cfg.gap) })
 		}
 	}
-	wg.Wait()
+	c.wg.Wait()
 	elapsed := time.Since(start)
-	if firstErr != nil {
-		return result{}, firstErr
+	if c.err != nil {
+		return result{}, c.err
 	}
 	left, err := admin.Get(ctx, stockKey).Int()
 	if err != nil {
 		return result{}, err
 	}
-	return result{sold: int(sold.Load()), refused: int(refused.Load()), left: left, elapsed: elapsed}, nil
+	return result{sold: int(c.sold.Load()), refused: int(c.refused.Load()), left: left, elapsed: elapsed}, nil
+}
+
+// newRunName returns a name for the keys and the lock of one sale.
+func newRunName() string {
+	var id [8]byte
+	_, _ = rand.Read(id[:])
+	return "flashsale:" + hex.EncodeToString(id[:])
+}
+
+// counter is the buyer goroutines of one process, and what they sold.
+type counter struct {
+	sold, refused atomic.Int64
+	cancel        context.CancelFunc // stops the others after a failure
+	wg            sync.WaitGroup
+	errOnce       sync.Once
+	err           error // the first failure
+}
+
+// start runs f in a goroutine of the counter.
+func (c *counter) start(f func()) {
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		f()
+	}()
+}
+
+// serve serves buyers for as long as come reports that another one came.
+func (c *counter) serve(ctx context.Context, come func() (bool, error), rdb *redis.Client, m *remutex.DistMutex, key string, gap time.Duration) {
+	for {
+		more, err := come()
+		if err != nil {
+			c.fail(err)
+			return
+		}
+		if !more {
+			return
+		}
+		got, err := buy(ctx, rdb, m, key, gap)
+		if err != nil {
+			c.fail(err)
+			return
+		}
+		if got {
+			c.sold.Add(1)
+		} else {
+			c.refused.Add(1)
+		}
+	}
+}
+
+// fail records the first failure and stops the others.
+func (c *counter) fail(err error) {
+	c.errOnce.Do(func() { c.err = err; c.cancel() })
 }
 
 // buy is one buyer: read the stock, and if any is left, take one and write the
@@ -309,10 +337,7 @@ func saleInProcs(ctx context.Context, addr string, cfg config, locked bool) (res
 	if err != nil {
 		return result{}, err
 	}
-
-	var id [8]byte
-	_, _ = rand.Read(id[:])
-	run := "flashsale:" + hex.EncodeToString(id[:])
+	run := newRunName()
 	j := job{
 		StockKey: run + ":stock", NextKey: run + ":next", ReadyKey: run + ":ready", StartKey: run + ":start",
 		Buyers: cfg.buyers, Goroutines: cfg.goroutines, Gap: cfg.gap,
@@ -324,7 +349,6 @@ func saleInProcs(ctx context.Context, addr string, cfg config, locked bool) (res
 	if err != nil {
 		return result{}, err
 	}
-
 	admin := redis.NewClient(&redis.Options{Addr: addr})
 	defer admin.Close()
 	if err := admin.Set(ctx, j.StockKey, cfg.stock, time.Hour).Err(); err != nil {
@@ -332,12 +356,6 @@ func saleInProcs(ctx context.Context, addr string, cfg config, locked bool) (res
 	}
 	defer admin.Del(context.WithoutCancel(ctx), j.StockKey, j.NextKey, j.ReadyKey, j.StartKey)
 
-	type child struct {
-		cmd            *exec.Cmd
-		stdout, stderr bytes.Buffer
-		err            error         // from Wait
-		exited         chan struct{} // closed once err is set
-	}
 	children := make([]*child, 0, cfg.procs)
 	defer func() {
 		cancel() // kills the children still running after a failure
@@ -346,46 +364,76 @@ func saleInProcs(ctx context.Context, addr string, cfg config, locked bool) (res
 		}
 	}()
 	for range cfg.procs {
-		ch := &child{exited: make(chan struct{})}
-		ch.cmd = exec.CommandContext(ctx, exe)
-		ch.cmd.Env = append(os.Environ(), workerEnv+"="+string(spec), "REDIS_ADDR="+addr)
-		ch.cmd.Stdout, ch.cmd.Stderr = &ch.stdout, &ch.stderr
-		if err := ch.cmd.Start(); err != nil {
+		ch, err := startChild(ctx, exe, string(spec), addr)
+		if err != nil {
 			return result{}, err
 		}
-		go func() { ch.err = ch.cmd.Wait(); close(ch.exited) }()
 		children = append(children, ch)
 	}
-	// Start line: every child connects and says it is ready, then all are
-	// let go at once, so that the processes compete from the first buyer.
-	err = func() error {
-		for ready := 0; ready < cfg.procs; {
-			err := admin.BLPop(ctx, time.Second, j.ReadyKey).Err()
-			switch {
-			case err == nil:
-				ready++
-				continue
-			case !errors.Is(err, redis.Nil):
-				return fmt.Errorf("waiting for the processes to start: %w", err)
-			}
-			for i, ch := range children {
-				select {
-				case <-ch.exited:
-					return fmt.Errorf("process %d ended before the start: %v: %s", i+1, ch.err, strings.TrimSpace(ch.stderr.String()))
-				default:
-				}
-			}
-		}
-		tokens := make([]interface{}, cfg.procs)
-		for i := range tokens {
-			tokens[i] = "go"
-		}
-		return admin.RPush(ctx, j.StartKey, tokens...).Err()
-	}()
+	if err := startLine(ctx, admin, j, children); err != nil {
+		return result{}, err
+	}
+	r, err := addUp(children)
 	if err != nil {
 		return result{}, err
 	}
+	if r.left, err = admin.Get(ctx, j.StockKey).Int(); err != nil {
+		return result{}, err
+	}
+	return r, nil
+}
 
+// child is one process of a sale.
+type child struct {
+	cmd            *exec.Cmd
+	stdout, stderr bytes.Buffer
+	err            error         // from Wait
+	exited         chan struct{} // closed once err is set
+}
+
+// startChild starts this program again as a child with the job spec, on the
+// Redis at addr; it is killed when ctx ends.
+func startChild(ctx context.Context, exe, spec, addr string) (*child, error) {
+	ch := &child{exited: make(chan struct{})}
+	ch.cmd = exec.CommandContext(ctx, exe)
+	ch.cmd.Env = append(os.Environ(), workerEnv+"="+spec, "REDIS_ADDR="+addr)
+	ch.cmd.Stdout, ch.cmd.Stderr = &ch.stdout, &ch.stderr
+	if err := ch.cmd.Start(); err != nil {
+		return nil, err
+	}
+	go func() { ch.err = ch.cmd.Wait(); close(ch.exited) }()
+	return ch, nil
+}
+
+// startLine waits until every child has connected and said it is ready, then
+// lets all go at once, so that the processes compete from the first buyer.
+func startLine(ctx context.Context, admin *redis.Client, j job, children []*child) error {
+	for ready := 0; ready < len(children); {
+		err := admin.BLPop(ctx, time.Second, j.ReadyKey).Err()
+		switch {
+		case err == nil:
+			ready++
+			continue
+		case !errors.Is(err, redis.Nil):
+			return fmt.Errorf("waiting for the processes to start: %w", err)
+		}
+		for i, ch := range children {
+			select {
+			case <-ch.exited:
+				return fmt.Errorf("process %d ended before the start: %v: %s", i+1, ch.err, strings.TrimSpace(ch.stderr.String()))
+			default:
+			}
+		}
+	}
+	tokens := make([]interface{}, len(children))
+	for i := range tokens {
+		tokens[i] = "go"
+	}
+	return admin.RPush(ctx, j.StartKey, tokens...).Err()
+}
+
+// addUp waits for the children and adds up their reports.
+func addUp(children []*child) (result, error) {
 	var r result
 	var errs []error
 	for i, ch := range children {
@@ -405,13 +453,7 @@ func saleInProcs(ctx context.Context, addr string, cfg config, locked bool) (res
 		// includes process teardown (a second under the race detector).
 		r.elapsed = max(r.elapsed, rep.Elapsed)
 	}
-	if len(errs) > 0 {
-		return result{}, errors.Join(errs...)
-	}
-	if r.left, err = admin.Get(ctx, j.StockKey).Int(); err != nil {
-		return result{}, err
-	}
-	return r, nil
+	return r, errors.Join(errs...)
 }
 
 // workerMain is a child process of -procs: one remutex Client (if the job
@@ -435,6 +477,9 @@ func workerMain(spec string) int {
 	return 0
 }
 
+// work is the job of a child: it says it is ready, waits for the start, and
+// serves buyers until the job's number of them have come, across all
+// processes.
 func work(ctx context.Context, addr string, j job) (report, error) {
 	if addr == "" {
 		return report{}, errors.New("REDIS_ADDR not set")
@@ -457,44 +502,17 @@ func work(ctx context.Context, addr string, j job) (report, error) {
 	}
 	start := time.Now()
 
-	var (
-		sold, refused atomic.Int64
-		wg            sync.WaitGroup
-		errOnce       sync.Once
-		firstErr      error
-	)
-	fail := func(err error) {
-		errOnce.Do(func() { firstErr = err; cancel() })
+	come := func() (bool, error) { // the next buyer, across all processes
+		n, err := rdb.Incr(ctx, j.NextKey).Result()
+		return n <= int64(j.Buyers), err
 	}
+	c := &counter{cancel: cancel}
 	for range j.Goroutines {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				n, err := rdb.Incr(ctx, j.NextKey).Result() // the next buyer, across all processes
-				if err != nil {
-					fail(err)
-					return
-				}
-				if n > int64(j.Buyers) {
-					return
-				}
-				got, err := buy(ctx, rdb, m, j.StockKey, j.Gap)
-				if err != nil {
-					fail(err)
-					return
-				}
-				if got {
-					sold.Add(1)
-				} else {
-					refused.Add(1)
-				}
-			}
-		}()
+		c.start(func() { c.serve(ctx, come, rdb, m, j.StockKey, j.Gap) })
 	}
-	wg.Wait()
-	if firstErr != nil {
-		return report{}, firstErr
+	c.wg.Wait()
+	if c.err != nil {
+		return report{}, c.err
 	}
-	return report{Sold: int(sold.Load()), Refused: int(refused.Load()), Elapsed: time.Since(start)}, nil
+	return report{Sold: int(c.sold.Load()), Refused: int(c.refused.Load()), Elapsed: time.Since(start)}, nil
 }
