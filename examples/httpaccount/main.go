@@ -397,19 +397,56 @@ func transferLoad(ctx context.Context, addr string, cfg config, locked bool) (lo
 	urls, stop := instances(addr, b, cfg.gap, locked, 2)
 	defer stop()
 
-	type transfer struct {
-		from, to string
-		amount   int
+	start := time.Now()
+	status, accepted, err := sendAll(ctx, urls, randomTransfers(b, cfg), cfg.clients)
+	if err != nil {
+		return load{}, err
 	}
-	rng := mrand.New(mrand.NewPCG(1, 2)) // the same transfers every run
+	l := load{status: status, elapsed: time.Since(start), expected: map[string]int{}}
+	if n := status[http.StatusInternalServerError]; n > 0 {
+		return load{}, fmt.Errorf("%d requests failed with 500", n)
+	}
+	for _, a := range b.accounts {
+		l.expected[a] = cfg.opening
+		l.opening += cfg.opening
+	}
+	for _, t := range accepted {
+		l.expected[t.from] -= t.amount
+		l.expected[t.to] += t.amount
+	}
+	if l.balances, err = b.balances(ctx, admin); err != nil {
+		return load{}, err
+	}
+	for _, n := range l.balances {
+		l.total += n
+	}
+	return l, nil
+}
+
+// transfer is one request of the load.
+type transfer struct {
+	from, to string
+	amount   int
+}
+
+// randomTransfers returns cfg.transfers transfers between random accounts of
+// b, the same every run.
+func randomTransfers(b bank, cfg config) []transfer {
+	rng := mrand.New(mrand.NewPCG(1, 2))
 	todo := make([]transfer, cfg.transfers)
 	for i := range todo {
 		from := rng.IntN(len(b.accounts))
 		to := (from + 1 + rng.IntN(len(b.accounts)-1)) % len(b.accounts)
 		todo[i] = transfer{b.accounts[from], b.accounts[to], 1 + rng.IntN(cfg.opening/4+1)}
 	}
+	return todo
+}
 
-	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: cfg.clients}}
+// sendAll posts every transfer of todo from clients concurrent clients, each
+// sending to the instances at urls in turn, and returns how many got each
+// status and the transfers that were accepted.
+func sendAll(ctx context.Context, urls []string, todo []transfer, clients int) (map[int]int, []transfer, error) {
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: clients}}
 	defer client.CloseIdleConnections()
 	var (
 		next     atomic.Int64
@@ -419,8 +456,7 @@ func transferLoad(ctx context.Context, addr string, cfg config, locked bool) (lo
 		firstErr error
 		wg       sync.WaitGroup
 	)
-	start := time.Now()
-	for c := range cfg.clients {
+	for c := range clients {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -444,29 +480,7 @@ func transferLoad(ctx context.Context, addr string, cfg config, locked bool) (lo
 		}()
 	}
 	wg.Wait()
-	l := load{status: status, elapsed: time.Since(start), expected: map[string]int{}}
-	if firstErr != nil {
-		return load{}, firstErr
-	}
-	if n := status[http.StatusInternalServerError]; n > 0 {
-		return load{}, fmt.Errorf("%d requests failed with 500", n)
-	}
-	for _, a := range b.accounts {
-		l.expected[a] = cfg.opening
-		l.opening += cfg.opening
-	}
-	for _, t := range accepted {
-		l.expected[t.from] -= t.amount
-		l.expected[t.to] += t.amount
-	}
-	var err error
-	if l.balances, err = b.balances(ctx, admin); err != nil {
-		return load{}, err
-	}
-	for _, n := range l.balances {
-		l.total += n
-	}
-	return l, nil
+	return status, accepted, firstErr
 }
 
 // post sends one transfer and returns the status and body.
