@@ -3,15 +3,12 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -19,6 +16,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/remutex/remutex/internal/redistest"
 )
 
 // The tests build the remutex binary and run it as a user would, against a
@@ -46,10 +45,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	code := m.Run()
-	shared.srv.stop()
-	if shared.dir != "" {
-		_ = os.RemoveAll(shared.dir)
-	}
+	redistest.StopShared()
 	_ = os.RemoveAll(binDir)
 	os.Exit(code)
 }
@@ -79,132 +75,61 @@ func binary(t testing.TB) string {
 	return bin.path
 }
 
+// The Redis servers of the tests come from internal/redistest; these
+// functions give them the names the tests here use.
+
 // requireRedisServer returns the path of redis-server, skipping (or failing
 // with REMUTEX_REQUIRE_REDIS=1) when there is none.
 func requireRedisServer(t testing.TB) string {
 	t.Helper()
-	path, err := exec.LookPath("redis-server")
-	if err != nil {
-		if os.Getenv("REMUTEX_REQUIRE_REDIS") == "1" {
-			t.Fatalf("redis-server not on PATH and REMUTEX_REQUIRE_REDIS=1: %v", err)
-		}
-		t.Skip("redis-server not on PATH (install it, e.g. apt-get install redis-server, to run these tests)")
-	}
-	return path
+	return redistest.Require(t, "redis-server")
 }
 
 // redisServer is a redis-server child process on 127.0.0.1.
-type redisServer struct {
-	port int
-	cmd  *exec.Cmd
-	exit chan struct{}
-}
+type redisServer struct{ *redistest.Server }
 
-func (s *redisServer) addr() string { return "127.0.0.1:" + strconv.Itoa(s.port) }
+func (s *redisServer) addr() string { return s.Addr() }
+
+// stop kills the server (nothing to save) and waits for it.
+func (s *redisServer) stop() {
+	if s != nil {
+		s.Stop()
+	}
+}
 
 // startRedis starts a redis-server without persistence on a free loopback
 // port, with extra arguments, and stops it when the test ends.
 func startRedis(t testing.TB, extra ...string) *redisServer {
 	t.Helper()
-	s, err := launchRedis(requireRedisServer(t), t.TempDir(), extra...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(s.stop)
-	return s
+	return &redisServer{redistest.Start(t, extra...)}
 }
 
+// launchRedis starts a redis-server in dir on a free port; the caller stops
+// it.
 func launchRedis(path, dir string, extra ...string) (*redisServer, error) {
-	var err error
-	for try := 0; try < 5; try++ {
-		var port int
-		if port, err = freePort(); err != nil {
-			continue
-		}
-		var s *redisServer
-		if s, err = startRedisOn(path, dir, port, extra); err == nil {
-			return s, nil
-		}
+	s, err := redistest.Launch(path, dir, extra...)
+	if err != nil {
+		return nil, err
 	}
-	return nil, fmt.Errorf("starting redis-server: %w", err)
+	return &redisServer{s}, nil
 }
 
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
+func freePort() (int, error) { return redistest.FreePort() }
 
 // startRedisOn launches redis-server on port and waits until it answers PING.
 func startRedisOn(path, dir string, port int, extra []string) (*redisServer, error) {
-	args := append([]string{
-		"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--dir", dir,
-	}, extra...)
-	cmd := exec.Command(path, args...)
-	var out strings.Builder
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
+	s, err := redistest.LaunchOn(path, dir, port, extra...)
+	if err != nil {
 		return nil, err
 	}
-	s := &redisServer{port: port, cmd: cmd, exit: make(chan struct{})}
-	go func() { _ = cmd.Wait(); close(s.exit) }()
-	rdb := redis.NewClient(&redis.Options{Addr: s.addr(), MaxRetries: -1})
-	defer rdb.Close()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		err := rdb.Ping(ctx).Err()
-		cancel()
-		if err == nil || redis.HasErrorPrefix(err, "NOAUTH") {
-			return s, nil
-		}
-		select {
-		case <-s.exit:
-			return nil, fmt.Errorf("redis-server exited: %s", out.String())
-		case <-time.After(10 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			s.stop()
-			return nil, fmt.Errorf("redis-server did not answer PING: %v; output: %s", err, out.String())
-		}
-	}
+	return &redisServer{s}, nil
 }
 
-// stop kills the server (nothing to save) and waits for it.
-func (s *redisServer) stop() {
-	if s == nil || s.cmd == nil {
-		return
-	}
-	_ = s.cmd.Process.Kill()
-	<-s.exit
-}
-
-// shared is one redis-server for the tests that need nothing special; each
-// test uses lock names of its own.
-var shared struct {
-	once sync.Once
-	dir  string // its directory, removed by TestMain
-	srv  *redisServer
-	err  error
-}
-
+// sharedRedis returns one redis-server for the tests that need nothing
+// special; each test uses lock names of its own.
 func sharedRedis(t testing.TB) *redisServer {
 	t.Helper()
-	path := requireRedisServer(t)
-	shared.once.Do(func() {
-		if shared.dir, shared.err = os.MkdirTemp("", "remutex-cli-redis"); shared.err != nil {
-			return
-		}
-		shared.srv, shared.err = launchRedis(path, shared.dir)
-	})
-	if shared.err != nil {
-		t.Fatal(shared.err)
-	}
-	return shared.srv
+	return &redisServer{redistest.Shared(t)}
 }
 
 // rdbFor returns a redis client for addr, closed when the test ends.
