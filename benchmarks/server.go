@@ -3,7 +3,6 @@ package main
 import (
 	"bufio"
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -14,16 +13,17 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/remutex/remutex/internal/redistest"
 )
 
 // server is the Redis the benchmarks run on: a redis-server child process on
-// 127.0.0.1 that the program started, or the one REDIS_ADDR names.
+// 127.0.0.1 that the program started (with the tests' harness,
+// internal/redistest), or the one REDIS_ADDR names.
 type server struct {
 	addr string
-	cmd  *exec.Cmd
-	dir  string
-	exit chan struct{}
-	info *redis.Client // for INFO, on a connection of its own
+	srv  *redistest.Server // nil for REDIS_ADDR
+	info *redis.Client     // for INFO, on a connection of its own
 }
 
 // startServer starts redis-server without persistence on a free loopback
@@ -41,57 +41,17 @@ func startServer() (*server, error) {
 	if err != nil {
 		return nil, err
 	}
-	var last error
-	for try := 0; try < 5; try++ {
-		port, err := freePort()
-		if err != nil {
-			last = err
-			continue
-		}
-		s := &server{addr: "127.0.0.1:" + strconv.Itoa(port), dir: dir}
-		if last = s.launch(bin, port); last == nil {
-			return s, nil
-		}
-	}
-	_ = os.RemoveAll(dir)
-	return nil, fmt.Errorf("starting redis-server: %w", last)
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	srv, err := redistest.Launch(bin, dir)
 	if err != nil {
-		return 0, err
+		_ = os.RemoveAll(dir)
+		return nil, err
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
-func (s *server) launch(bin string, port int) error {
-	cmd := exec.Command(bin,
-		"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--dir", s.dir)
-	var out strings.Builder
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		return err
+	s := &server{addr: srv.Addr(), srv: srv}
+	if err := s.connect(); err != nil {
+		s.stop()
+		return nil, err
 	}
-	s.cmd, s.exit = cmd, make(chan struct{})
-	go func() { _ = cmd.Wait(); close(s.exit) }()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if err := s.connect(); err == nil {
-			return nil
-		}
-		select {
-		case <-s.exit:
-			return fmt.Errorf("redis-server exited: %s", strings.TrimSpace(out.String()))
-		case <-time.After(20 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			s.stop()
-			return errors.New("redis-server did not answer PING within 10s")
-		}
-	}
+	return s, nil
 }
 
 func (s *server) connect() error {
@@ -112,13 +72,10 @@ func (s *server) stop() {
 		_ = s.info.Close()
 		s.info = nil
 	}
-	if s.cmd != nil {
-		_ = s.cmd.Process.Kill()
-		<-s.exit
-		s.cmd = nil
-	}
-	if s.dir != "" {
-		_ = os.RemoveAll(s.dir)
+	if s.srv != nil {
+		s.srv.Stop()
+		_ = os.RemoveAll(s.srv.Dir())
+		s.srv = nil
 	}
 }
 
