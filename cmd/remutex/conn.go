@@ -58,6 +58,11 @@ func (f *connFlags) check() error {
 	if len(given) > 1 {
 		return fmt.Errorf("%s: give only one of --addr, --url and --cluster", strings.Join(given, " and "))
 	}
+	if strings.ContainsAny(f.prefix.v, "{}") {
+		// The lock's name in braces is the hash tag that keeps its keys in
+		// one cluster slot; braces in the prefix would replace it.
+		return fmt.Errorf("--prefix %q: must not contain '{' or '}'", f.prefix.v)
+	}
 	return nil
 }
 

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"io"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -110,7 +111,8 @@ func TestRunPositional(t *testing.T) {
 }
 
 // TestUsageErrors runs the binary with bad command lines: status 64 and a
-// message, before any connection to Redis (the address given is closed).
+// one-line message with one "remutex: " prefix, before any connection to
+// Redis (the address given is closed).
 func TestUsageErrors(t *testing.T) {
 	t.Parallel()
 	closed := "127.0.0.1:1"
@@ -118,35 +120,87 @@ func TestUsageErrors(t *testing.T) {
 		args   []string
 		stderr string
 	}{
-		{nil, "Usage:"},
 		{[]string{"frobnicate"}, `unknown command "frobnicate"`},
-		{[]string{"--nope", "status", "x"}, "flag provided but not defined"},
+		{[]string{"--nope", "status", "x"}, `flag provided but not defined: -nope (see "remutex help")`},
+		{[]string{"status", "--nope", "x"}, `status: flag provided but not defined: -nope (see "remutex help status")`},
 		{[]string{"run"}, "no lock name"},
 		{[]string{"run", "x"}, "no command"},
 		{[]string{"run", "--lease", "10ms", "x", "--", "true"}, "--lease 10ms"},
+		{[]string{"run", "--lease", "5", "x", "--", "true"}, `a duration needs a unit, as in 5s (see "remutex help run")`},
+		{[]string{"run", "--grace", "1.5", "x", "--", "true"}, "as in 1.5s"},
+		{[]string{"run", "--wait", "5", "x", "--", "true"}, "as in 5s"},
 		{[]string{"run", "--wait", "-1s", "x", "--", "true"}, "must not be negative"},
-		{[]string{"run", "--wait", "soon", "x", "--", "true"}, "invalid value"},
+		{[]string{"run", "--wait", "soon", "x", "--", "true"}, "not a duration"},
 		{[]string{"run", "--grace", "-1s", "x", "--", "true"}, "--grace"},
 		{[]string{"run", "--fence-env", "A=B", "x", "--", "true"}, "not a variable name"},
-		{[]string{"run", "}x", "--", "true"}, "starts with '}'"},
-		{[]string{"run", "", "--", "true"}, "empty lock name"},
-		{[]string{"run", strings.Repeat("n", 1025), "--", "true"}, "exceeds 1024"},
+		{[]string{"run", "}x", "--", "true"}, `run: lock name "}x" starts with '}'`},
+		{[]string{"run", "", "--", "true"}, "run: the lock name is empty"},
+		{[]string{"run", strings.Repeat("n", 1025), "--", "true"}, "run: the lock name is 1025 bytes long, more than 1024"},
+		{[]string{"status", ""}, "status: the lock name is empty"},
+		{[]string{"unlock", "--force", "}"}, "unlock: lock name \"}\" starts with '}'"},
+		{[]string{"--prefix", "app{x}:", "status", "x"}, `--prefix "app{x}:": must not contain '{' or '}'`},
 		{[]string{"status"}, "no lock name"},
 		{[]string{"unlock", "--force"}, "exactly one lock name"},
 		{[]string{"unlock", "x"}, "needs --force"},
 		{[]string{"--url", "redis://a:1", "status", "--addr", "b:2", "x"}, "only one of"},
+		{[]string{"help", "frobnicate"}, `unknown command "frobnicate"`},
 	}
 	for _, tt := range tests {
 		code, _, stderr := run(t, cliEnv("REDIS_ADDR="+closed), "", tt.args...)
 		if code != exitUsage || !strings.Contains(stderr, tt.stderr) {
 			t.Errorf("remutex %q: exit status %d, want %d; stderr should mention %q:\n%s", tt.args, code, exitUsage, tt.stderr, stderr)
 		}
-	}
-	for _, args := range [][]string{{"-h"}, {"help"}, {"run", "-h"}, {"status", "--help"}, {"unlock", "-h"}} {
-		code, stdout, _ := run(t, cliEnv(), "", args...)
-		if code != 0 || !strings.Contains(stdout, "Usage:") {
-			t.Errorf("remutex %q: exit status %d, want 0 with usage on stdout; got:\n%s", args, code, stdout)
+		if lines := strings.Split(strings.TrimSuffix(stderr, "\n"), "\n"); len(lines) != 1 || strings.Count(stderr, "remutex:") != 1 {
+			t.Errorf("remutex %q: want one line with one \"remutex:\" prefix, got:\n%s", tt.args, stderr)
 		}
+	}
+	// Without a command, the overview of the commands.
+	if code, _, stderr := run(t, cliEnv(), ""); code != exitUsage || !strings.HasPrefix(stderr, "remutex: a distributed lock") {
+		t.Errorf("remutex without arguments: exit status %d, want %d with the overview on stderr; got:\n%s", code, exitUsage, stderr)
+	}
+}
+
+// TestHelp checks that -h, --help and "help COMMAND" print a command's own
+// usage on stdout, with its flags, and "help" the overview.
+func TestHelp(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		args []string
+		want []string // in stdout, in this order
+	}{
+		{[]string{"-h"}, []string{"remutex: a distributed lock", "remutex help COMMAND", "--version"}},
+		{[]string{"help"}, []string{"remutex: a distributed lock", "remutex help COMMAND"}},
+		{[]string{"help", "run"}, []string{"Usage: remutex run", "process group", "-grace", "-lease", "-wait"}},
+		{[]string{"run", "-h"}, []string{"Usage: remutex run", "-lease"}},
+		{[]string{"help", "status"}, []string{"Usage: remutex status", "-json"}},
+		{[]string{"status", "--help"}, []string{"Usage: remutex status"}},
+		{[]string{"help", "unlock"}, []string{"Usage: remutex unlock", "-force", "-yes"}},
+		{[]string{"unlock", "-h"}, []string{"Usage: remutex unlock"}},
+	}
+	for _, tt := range tests {
+		code, stdout, stderr := run(t, cliEnv(), "", tt.args...)
+		if code != 0 || stderr != "" {
+			t.Errorf("remutex %q: exit status %d, want 0 and nothing on stderr; stderr:\n%s", tt.args, code, stderr)
+		}
+		rest := stdout
+		for _, w := range tt.want {
+			i := strings.Index(rest, w)
+			if i < 0 {
+				t.Errorf("remutex %q: stdout lacks %q (or has it out of order):\n%s", tt.args, w, stdout)
+				break
+			}
+			rest = rest[i+len(w):]
+		}
+	}
+}
+
+// TestVersion checks --version: the module version the binary was built
+// from, or "(devel)".
+func TestVersion(t *testing.T) {
+	t.Parallel()
+	code, stdout, stderr := run(t, cliEnv(), "", "--version")
+	if code != 0 || !regexp.MustCompile(`^remutex (\(devel\)|v\d+\.\d+\.\d+\S*)\n$`).MatchString(stdout) {
+		t.Errorf("--version: exit status %d, stdout %q, want 0 and \"remutex <version>\"; stderr:\n%s", code, stdout, stderr)
 	}
 }
 

@@ -11,24 +11,37 @@
 //	remutex run [--lease D] [--wait D] [--grace D] [--fence-env NAME] NAME -- COMMAND [ARGS...]
 //	remutex status [--json] NAME...
 //	remutex unlock --force [--yes] NAME
+//	remutex help [COMMAND]
+//	remutex --version
 //
 // run takes the lock NAME, waiting for it up to --wait (default: as long as
 // it takes; 0 tries once), and runs COMMAND while the lease (--lease, default
 // 30s) is renewed in the background. The command gets the lock's fencing
 // token in the environment variable named by --fence-env (default
-// REMUTEX_FENCE; an empty name turns fencing off). SIGINT, SIGTERM and SIGHUP
-// sent to remutex are passed on to the command. When the command exits, the
-// lock is released and remutex exits with the command's status. If the lease
-// is lost while the command runs (Redis unreachable for longer than the lease,
-// the key deleted), the command is sent SIGTERM, and SIGKILL if it is still
-// running --grace (default 5s) later, and remutex exits with status 79.
+// REMUTEX_FENCE; an empty name turns fencing off). When the command exits,
+// the lock is released and remutex exits with the command's status.
 //
-// The command runs in a process group of its own, so that these signals reach
-// everything it started. When standard input is a terminal, the command's
-// group is made the terminal's foreground group while it runs, so that it can
-// read the terminal and Ctrl-C reaches it once; stopping it with Ctrl-Z is
-// not supported. On Linux the command is killed if remutex itself dies
-// (SIGKILL), since the lock then ends within its lease.
+// The command runs in a process group of its own, watched by a supervisor (a
+// second remutex process), so that no process of the command outlives the
+// lock:
+//
+//   - SIGINT, SIGTERM and SIGHUP sent to remutex are passed on to the whole
+//     group, also when remutex was started with them ignored (nohup): the
+//     command gets default signal dispositions.
+//   - If the lease is lost (Redis unreachable for longer than the lease, the
+//     key deleted), the group gets SIGTERM, then SIGKILL after --grace
+//     (default 5s), and remutex exits with status 79.
+//   - Processes the command leaves running when it exits get SIGTERM, then
+//     SIGKILL after --grace; the lock is released only once they are gone.
+//   - If remutex dies, even of SIGKILL, the supervisor kills the group at once.
+//
+// This holds on Linux, where the supervisor also has a parent-death signal;
+// elsewhere it is best effort. A process that leaves the group on purpose
+// (setsid, setpgid) escapes it.
+//
+// When standard input is a terminal, the command's group is made the
+// terminal's foreground group while it runs, so that it can read the terminal
+// and Ctrl-C reaches it once; stopping it with Ctrl-Z is not supported.
 //
 // status prints, for each lock, the owner tokens of its holder and their hold
 // counts, the remaining lease, the last fencing token handed out, the waiters
@@ -73,6 +86,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime/debug"
 	"strings"
 
 	"github.com/redis/go-redis/v9"
@@ -97,6 +111,8 @@ Usage:
   remutex run [--lease D] [--wait D] [--grace D] [--fence-env NAME] NAME -- COMMAND [ARGS...]
   remutex status [--json] NAME...
   remutex unlock --force [--yes] NAME
+  remutex help [COMMAND]
+  remutex --version
 
 Commands:
   run     take lock NAME (waiting up to --wait), run COMMAND while the lease is
@@ -105,7 +121,8 @@ Commands:
           token, queued waiters and subscribed Clients
   unlock  delete a stuck lock and wake its waiters (asks first unless --yes)
 
-Run "remutex COMMAND -h" for a command's flags.
+Run "remutex help COMMAND" for a command's flags and details, and
+"remutex --version" for the version.
 
 Connection flags (any command, before or after its name):
   --addr HOST:PORT   a Redis server (default: $REDIS_ADDR, else 127.0.0.1:6379)
@@ -120,8 +137,8 @@ Exit status:
   64     usage error
   69     Redis error: unreachable, a failed command, a key of another type
   75     run: --wait passed while the lock was held; the command did not run
-  79     run: the lease was lost while the command ran (it was sent SIGTERM,
-         then SIGKILL after --grace)
+  79     run: the lease was lost while the command ran (its process group was
+         sent SIGTERM, then SIGKILL after --grace)
   126    run: COMMAND could not be executed
   127    run: COMMAND was not found
 `
@@ -135,6 +152,9 @@ type cli struct {
 }
 
 func main() {
+	if code, ok := supervisorMain(); ok {
+		os.Exit(code)
+	}
 	// go-redis logs dial failures on its own; remutex reports them once.
 	redis.SetLogger(quietLogger{})
 	c := &cli{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv}
@@ -144,41 +164,69 @@ func main() {
 // main runs the command line args and returns the exit status.
 func (c *cli) main(args []string) int {
 	global := c.flagSet("remutex")
+	showVersion := global.Bool("version", false, "print the version")
 	if code, ok := c.parse(global, args, func(w io.Writer) { fmt.Fprint(w, usageText) }); !ok {
 		return code
+	}
+	if *showVersion {
+		fmt.Fprintln(c.stdout, "remutex", version())
+		return exitOK
 	}
 	args = global.Args()
 	if len(args) == 0 {
 		fmt.Fprint(c.stderr, usageText)
 		return exitUsage
 	}
-	switch args[0] {
-	case "run":
-		return c.run(args[1:])
-	case "status":
-		return c.status(args[1:])
-	case "unlock":
-		return c.unlock(args[1:])
-	case "help":
-		fmt.Fprint(c.stdout, usageText)
-		return exitOK
+	if args[0] == "help" {
+		switch len(args) {
+		case 1:
+			fmt.Fprint(c.stdout, usageText)
+			return exitOK
+		case 2:
+			// "help run" is "run -h": the command prints its own usage.
+			return c.command(args[1], []string{"-h"})
+		}
+		return c.usageError("help: want at most one command name (usage: remutex help [COMMAND])")
 	}
-	c.errorf("unknown command %q (want run, status or unlock)", args[0])
-	return exitUsage
+	return c.command(args[0], args[1:])
+}
+
+// command runs the command name with its arguments.
+func (c *cli) command(name string, args []string) int {
+	switch name {
+	case "run":
+		return c.run(args)
+	case "status":
+		return c.status(args)
+	case "unlock":
+		return c.unlock(args)
+	}
+	return c.usageError("unknown command %q (want run, status or unlock; see \"remutex help\")", name)
+}
+
+// version is the module version remutex was built from: "(devel)" for a
+// build whose version is unknown.
+func version() string {
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
+		return bi.Main.Version
+	}
+	return "(devel)"
 }
 
 // flagSet returns a flag set for a command, with the connection flags.
 func (c *cli) flagSet(name string) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(c.stderr)
-	fs.Usage = func() {} // parse prints it
+	// The flag package's own messages (usage after every error) are not
+	// shown: parse prints usage for -h and one line for an error.
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
 	c.conn.register(fs)
 	return fs
 }
 
 // parse parses args into fs. It returns ok = false with the exit status when
-// the command is done: usage printed to stdout for -h (status 0), or to stderr
-// after a bad flag (status 64).
+// the command is done: usage printed to stdout for -h (status 0), or one line
+// on stderr for a bad flag (status 64).
 func (c *cli) parse(fs *flag.FlagSet, args []string, usage func(io.Writer)) (code int, ok bool) {
 	err := fs.Parse(args)
 	return c.parsed(fs, err, usage)
@@ -219,8 +267,15 @@ func (c *cli) parsed(fs *flag.FlagSet, err error, usage func(io.Writer)) (code i
 		usage(c.stdout)
 		return exitOK, false
 	}
-	usage(c.stderr) // the flag package printed the error itself
-	return exitUsage, false
+	return c.usageError("%s", flagError(fs.Name(), err)), false
+}
+
+// flagError is a bad flag of command name, with where to read about flags.
+func flagError(name string, err error) string {
+	if name == "remutex" {
+		return fmt.Sprintf("%v (see \"remutex help\")", err)
+	}
+	return fmt.Sprintf("%s: %v (see \"remutex help %s\")", name, err, name)
 }
 
 // errorf prints a message prefixed "remutex: " to stderr.

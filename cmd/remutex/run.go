@@ -26,13 +26,29 @@ const runUsage = `Usage: remutex run [flags] NAME -- COMMAND [ARGS...]
 
 Takes the lock NAME, waiting for it up to --wait, and runs COMMAND while the
 lease is renewed in the background. The command gets the fencing token in the
-environment (--fence-env). SIGINT, SIGTERM and SIGHUP sent to remutex are
-passed on to the command's process group. When the command exits, the lock is
-released and remutex exits with the command's status (128+N if signal N
-killed it).
+environment (--fence-env). When the command exits, the lock is released and
+remutex exits with the command's status (128+N if signal N killed it).
 
-If the lease is lost while the command runs, the command's process group is
-sent SIGTERM, then SIGKILL after --grace, and remutex exits with status 79.
+The command runs in a process group of its own, watched by a second remutex
+process (the supervisor), so that what the command starts goes with it:
+  - SIGINT, SIGTERM and SIGHUP sent to remutex are passed on to the group,
+    also when remutex was started with them ignored (nohup): the command gets
+    default signal dispositions. To survive a hangup, use
+    remutex run NAME -- nohup COMMAND.
+  - If the lease is lost, the group gets SIGTERM, then SIGKILL after --grace,
+    and remutex exits with status 79.
+  - When the command exits, processes it left running in the group get
+    SIGTERM, then SIGKILL after --grace; the lock is released only once the
+    group is empty.
+  - If remutex dies, even of SIGKILL, the supervisor kills the group with
+    SIGKILL at once.
+This holds on Linux (the supervisor also has a parent-death signal there);
+elsewhere it is best effort. A process that leaves the group on purpose
+(setsid, setpgid: daemons do) escapes it, and a remutex that is frozen
+(SIGSTOP) cannot stop its command when the lease runs out.
+
+On a terminal the command's group is the foreground group while it runs: it
+can read the terminal, and Ctrl-C reaches it once. Ctrl-Z is not supported.
 
 Exit status: the command's; 64 usage error; 69 Redis error; 75 --wait passed
 while the lock was held (the command did not run); 79 lease lost; 126 the
@@ -67,7 +83,7 @@ func (w *waitFlag) Set(s string) error {
 		*w = waitFlag{}
 		return nil
 	}
-	d, err := time.ParseDuration(s)
+	d, err := parseDuration(s)
 	if err != nil {
 		return err
 	}
@@ -76,6 +92,30 @@ func (w *waitFlag) Set(s string) error {
 	}
 	*w = waitFlag{d: d, set: true}
 	return nil
+}
+
+// durationValue is a time.Duration flag whose errors say what is wrong.
+type durationValue time.Duration
+
+func (d *durationValue) String() string { return (*time.Duration)(d).String() }
+
+func (d *durationValue) Set(s string) error {
+	v, err := parseDuration(s)
+	*d = durationValue(v)
+	return err
+}
+
+// parseDuration is time.ParseDuration with errors for people: a number
+// without a unit is the usual mistake.
+func parseDuration(s string) (time.Duration, error) {
+	d, err := time.ParseDuration(s)
+	if err == nil {
+		return d, nil
+	}
+	if _, nerr := strconv.ParseFloat(s, 64); nerr == nil {
+		return 0, fmt.Errorf("a duration needs a unit, as in %ss", s)
+	}
+	return 0, errors.New("not a duration: want a number with a unit, as in 30s, 1m30s or 500ms")
 }
 
 // runConfig is a parsed run command line.
@@ -90,12 +130,12 @@ type runConfig struct {
 
 func (c *cli) run(args []string) int {
 	fs := c.flagSet("run")
-	var cfg runConfig
-	fs.DurationVar(&cfg.lease, "lease", remutex.DefaultLease,
+	cfg := runConfig{lease: remutex.DefaultLease, grace: 5 * time.Second}
+	fs.Var((*durationValue)(&cfg.lease), "lease",
 		"the lock's lease: how long it outlives remutex if remutex dies, a `duration` from 50ms to 24h")
 	fs.Var(&cfg.wait, "wait", "how long to wait for the lock: a `duration`, 0 to try once, or forever (default forever)")
-	fs.DurationVar(&cfg.grace, "grace", 5*time.Second,
-		"after a lost lease, how long the command gets between SIGTERM and SIGKILL: a `duration`")
+	fs.Var((*durationValue)(&cfg.grace), "grace",
+		"how long the command's processes get between SIGTERM and SIGKILL when the lease is lost or they outlive the command: a `duration`")
 	fs.StringVar(&cfg.fenceEnv, "fence-env", "REMUTEX_FENCE",
 		"environment `variable` that gets the fencing token; empty: no fencing")
 	if code, ok := c.parse(fs, args, func(w io.Writer) {
@@ -116,7 +156,7 @@ func (c *cli) run(args []string) int {
 	case strings.ContainsAny(cfg.fenceEnv, "=\x00"):
 		return c.usageError("run: --fence-env %q is not a variable name", cfg.fenceEnv)
 	}
-	if err := checkName(c.conn.keyPrefix(), cfg.name); err != nil {
+	if err := checkName(cfg.name); err != nil {
 		return c.usageError("run: %v", err)
 	}
 	return c.runLocked(cfg)
@@ -149,17 +189,14 @@ func (c *cli) runLocked(cfg runConfig) int {
 		c.errorf("%v", cmd.Err)
 		return exitNotFound
 	}
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 
 	// Signals are caught from here on: while waiting they end the wait, while
-	// the command runs they are passed on. A signal remutex was started with
-	// ignored (nohup) stays ignored, for the command too.
+	// the command runs they are passed on. They are caught even if remutex
+	// was started with them ignored (nohup): the command gets them with their
+	// default dispositions, as if run directly, and a command that is to
+	// survive a hangup ignores SIGHUP itself (remutex run NAME -- nohup ...).
 	sigs := make(chan os.Signal, 8)
-	for _, s := range forwarded {
-		if !signal.Ignored(s) {
-			signal.Notify(sigs, s)
-		}
-	}
+	signal.Notify(sigs, forwarded...)
 	defer signal.Stop(sigs)
 
 	// Until the command starts, a signal ends the connection attempt or the
@@ -297,48 +334,52 @@ func (c *cli) release(m *remutex.DistMutex) {
 	}
 }
 
+// job is the command while it runs.
+type job interface {
+	// signal passes sig on to the command; on Unix to every process of its
+	// process group.
+	signal(sig os.Signal)
+	// done is closed when the command has exited; on Unix, once every
+	// process of its group is gone.
+	done() <-chan struct{}
+	// finish returns the command's exit status once done is closed.
+	finish() int
+}
+
 // supervise runs cmd until it exits, passing signals on and stopping it if
 // the lease is lost. It returns the command's exit status and whether the
 // lease was lost meanwhile.
 func (c *cli) supervise(cmd *exec.Cmd, cfg runConfig, sigs <-chan os.Signal, lost <-chan struct{}) (status int, lostSeen bool) {
-	// On Linux the command dies with the thread that started it (see
-	// setDeathSignal): keep this goroutine on that thread for good, so that
-	// the thread lives as long as remutex does.
+	// On Linux the supervisor gets its parent-death signal when the thread
+	// that started it exits (see setParentDeathSignal): keep this goroutine
+	// on that thread for good, so that the thread lives as long as remutex.
 	runtime.LockOSThread()
-	restore := prepare(cmd)
-	if err := cmd.Start(); err != nil {
-		restore()
+	j, err := startJob(cmd, cfg.grace)
+	if err != nil {
 		c.errorf("%v", err)
 		if errors.Is(err, fs.ErrNotExist) {
 			return exitNotFound, false
 		}
 		return exitCannotRun, false
 	}
-	exited := make(chan struct{})
-	go func() {
-		_ = cmd.Wait() // the status is read from cmd.ProcessState
-		close(exited)
-	}()
-
 	var kill <-chan time.Time
 	for {
 		select {
-		case <-exited:
-			restore()
-			return exitStatus(cmd.ProcessState), lostSeen
+		case <-j.done():
+			return j.finish(), lostSeen
 		case s := <-sigs:
-			signalCommand(cmd, s)
+			j.signal(s)
 		case <-lost:
 			lost, lostSeen = nil, true
 			c.errorf("lease of lock %q lost: sending SIGTERM to the command (SIGKILL in %v)", cfg.name, cfg.grace)
-			signalCommand(cmd, sigTerm)
+			j.signal(sigTerm)
 			t := time.NewTimer(cfg.grace)
 			defer t.Stop()
 			kill = t.C
 		case <-kill:
 			kill = nil
 			c.errorf("the command outlived --grace %v after the lease was lost: sending SIGKILL", cfg.grace)
-			signalCommand(cmd, sigKill)
+			j.signal(sigKill)
 		}
 	}
 }

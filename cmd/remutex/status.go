@@ -6,8 +6,9 @@ import (
 	"fmt"
 	"io"
 	"strconv"
-	"text/tabwriter"
+	"strings"
 	"time"
+	"unicode"
 )
 
 const statusUsage = `Usage: remutex status [--json] NAME...
@@ -44,7 +45,7 @@ func (c *cli) status(args []string) int {
 	}
 	prefix := c.conn.keyPrefix()
 	for _, name := range names {
-		if err := checkName(prefix, name); err != nil {
+		if err := checkName(name); err != nil {
 			return c.usageError("status: %v", err)
 		}
 	}
@@ -79,31 +80,37 @@ func (c *cli) status(args []string) int {
 		}
 		return code
 	}
-	printStatus(c.stdout, all)
+	if err := printStatus(c.stdout, all); err != nil {
+		c.errorf("%v", err)
+		return exitRedis
+	}
 	return code
 }
 
 // printStatus prints a table, one line per holder (a lock has one holder;
 // more would be a lock written by something else).
-func printStatus(w io.Writer, all []lockStatus) {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tSTATE\tHOLDER\tCOUNT\tTTL\tFENCE\tQUEUED\tSUBSCRIBERS")
+func printStatus(w io.Writer, all []lockStatus) error {
+	rows := [][]string{{"NAME", "STATE", "HOLDER", "COUNT", "TTL", "FENCE", "QUEUED", "SUBSCRIBERS"}}
 	for _, st := range all {
+		name := st.Name
+		if strings.ContainsFunc(name, func(r rune) bool { return !unicode.IsPrint(r) }) {
+			name = strconv.Quote(name) // no control characters on the terminal
+		}
 		fence := "-"
 		if st.Fence != 0 {
 			fence = strconv.FormatInt(st.Fence, 10)
 		}
+		queued, subs := strconv.FormatInt(st.Queued, 10), strconv.FormatInt(st.Subscribers, 10)
 		switch {
 		case st.Error != "":
-			fmt.Fprintf(tw, "%s\tnot a lock\t-\t-\t-\t%s\t%d\t%d\n", st.Name, fence, st.Queued, st.Subscribers)
+			rows = append(rows, []string{name, "not a lock", "-", "-", "-", fence, queued, subs})
 		case !st.Held:
-			fmt.Fprintf(tw, "%s\tfree\t-\t-\t-\t%s\t%d\t%d\n", st.Name, fence, st.Queued, st.Subscribers)
+			rows = append(rows, []string{name, "free", "-", "-", "-", fence, queued, subs})
 		default:
 			for _, h := range st.Holders {
-				fmt.Fprintf(tw, "%s\theld\t%s\t%d\t%s\t%s\t%d\t%d\n",
-					st.Name, h.Owner, h.Count, describeTTL(st.TTLMillis), fence, st.Queued, st.Subscribers)
+				rows = append(rows, []string{name, "held", h.Owner, strconv.FormatInt(h.Count, 10), describeTTL(st.TTLMillis), fence, queued, subs})
 			}
 		}
 	}
-	_ = tw.Flush()
+	return writeTable(w, rows)
 }

@@ -81,3 +81,45 @@ func TestStatusJSON(t *testing.T) {
 		t.Errorf("waiter: exit status %d, want 0; stderr:\n%s", code, waiter.stderr())
 	}
 }
+
+// TestStatusAlignsWideNames checks the table's columns with names whose
+// bytes, runes and terminal columns differ: accented letters (precomposed
+// and with a combining mark) and CJK characters, two columns each.
+func TestStatusAlignsWideNames(t *testing.T) {
+	t.Parallel()
+	srv := sharedRedis(t)
+	prefix := lockName(t, "") // ASCII: one column a byte
+	names := []struct {
+		suffix string
+		width  int // terminal columns
+	}{
+		{"ascii", 5},
+		{"größe-ü", 7},
+		{"gro\u0308sse", 6}, // o and a combining diaeresis
+		{"錠前-ロック", 11},
+	}
+	args := []string{"--addr", srv.addr(), "status"}
+	col := 0
+	for _, n := range names {
+		args = append(args, prefix+n.suffix)
+		col = max(col, len(prefix)+n.width)
+	}
+	col += 2 // the gap between columns
+	code, stdout, stderr := run(t, cliEnv(), "", args...)
+	if code != 0 {
+		t.Fatalf("exit status %d, want 0; stderr:\n%s", code, stderr)
+	}
+	lines := strings.Split(strings.TrimSuffix(stdout, "\n"), "\n")
+	if len(lines) != len(names)+1 {
+		t.Fatalf("got %d lines, want a header and %d locks:\n%s", len(lines), len(names), stdout)
+	}
+	if want := "NAME" + strings.Repeat(" ", col-4) + "STATE  "; !strings.HasPrefix(lines[0], want) {
+		t.Errorf("header %q, want it to start %q", lines[0], want)
+	}
+	for i, n := range names {
+		want := prefix + n.suffix + strings.Repeat(" ", col-len(prefix)-n.width) + "free   "
+		if !strings.HasPrefix(lines[i+1], want) {
+			t.Errorf("line %d: %q, want it to start %q (STATE at column %d)", i+2, lines[i+1], want, col)
+		}
+	}
+}

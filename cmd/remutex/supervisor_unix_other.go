@@ -2,8 +2,19 @@
 
 package main
 
-import "syscall"
+import (
+	"os"
+	"syscall"
+)
 
-// setDeathSignal does nothing here: only Linux can kill the command when
-// remutex dies.
-func setDeathSignal(*syscall.SysProcAttr) {}
+// setParentDeathSignal does nothing here: only Linux has a parent-death
+// signal. The supervisor learns of remutex's death when the control pipe
+// closes.
+func setParentDeathSignal(*syscall.SysProcAttr) {}
+
+// adoptOrphans does nothing here: orphans of the command go to init, which
+// reaps them; the supervisor sees the group empty once it has.
+func adoptOrphans() {}
+
+// selfPath is the remutex binary to start as the supervisor.
+func selfPath() (string, error) { return os.Executable() }

@@ -66,7 +66,7 @@ func (c *cli) unlock(args []string) int {
 		return c.usageError("unlock: needs --force: it takes the lock away from whoever holds it")
 	}
 	name, prefix := names[0], c.conn.keyPrefix()
-	if err := checkName(prefix, name); err != nil {
+	if err := checkName(name); err != nil {
 		return c.usageError("unlock: %v", err)
 	}
 
