@@ -2,7 +2,6 @@ package remutex
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -231,23 +230,8 @@ func faultPanic(f func()) (v interface{}) {
 	return nil
 }
 
-// faultLogBuffer is an io.Writer for a slog handler, safe for concurrent use.
-type faultLogBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *faultLogBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *faultLogBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
+// faultLogBuffer keeps a Client's log (see logger) for the test to read.
+type faultLogBuffer struct{ redistest.Buffer }
 
 func (b *faultLogBuffer) logger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(b, &slog.HandlerOptions{Level: slog.LevelDebug}))

@@ -207,13 +207,7 @@ func await[T any](t testing.TB, ch <-chan T, what string) T {
 // waitFor polls cond until it holds, failing the test after hangGuard.
 func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(hangGuard)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("condition still false after %v, want %s", hangGuard, what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+	redistest.WaitFor(t, hangGuard, what, cond)
 }
 
 // isClosed reports whether ch is closed, without waiting.

@@ -257,16 +257,10 @@ func readFile(t testing.TB, path string) string {
 	return string(b)
 }
 
-// await polls cond every 10ms until it holds, failing the test after d.
+// await polls cond until it holds, failing the test after d.
 func await(t testing.TB, d time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	redistest.WaitFor(t, d, what, cond)
 }
 
 // fileHas reports whether the file at path exists and contains s.

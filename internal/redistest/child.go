@@ -49,7 +49,7 @@ type Child struct {
 	id     string
 	cmd    *exec.Cmd
 	stdin  io.WriteCloser
-	stderr syncBuffer
+	stderr Buffer
 	exited chan struct{} // closed once stdout hit EOF and the process was reaped
 
 	mu     sync.Mutex

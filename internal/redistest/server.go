@@ -145,7 +145,7 @@ func (s *Server) start() error {
 	args := append(ports, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", s.dir)
 	cmd := exec.Command(s.bin, append(args, s.args...)...)
 	DieWithParent(cmd)
-	out := &syncBuffer{}
+	out := &Buffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		return err
@@ -269,20 +269,20 @@ func StopShared() {
 	}
 }
 
-// syncBuffer is an io.Writer safe for concurrent use: a process's output,
-// read while it runs.
-type syncBuffer struct {
+// Buffer is an io.Writer safe for concurrent use, e.g. a process's output or
+// a log, read while it is written.
+type Buffer struct {
 	mu  sync.Mutex
 	buf strings.Builder
 }
 
-func (b *syncBuffer) Write(p []byte) (int, error) {
+func (b *Buffer) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.Write(p)
 }
 
-func (b *syncBuffer) String() string {
+func (b *Buffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()

@@ -26,14 +26,15 @@ func adminCtx(t testing.TB) context.Context {
 	return ctx
 }
 
-// waitUntil polls cond until it holds, failing the test after hangGuard.
-// It is for states of servers, which announce nothing.
-func waitUntil(t testing.TB, what string, cond func() bool) {
+// WaitFor polls cond until it holds, failing the test after timeout. It is
+// for states that announce nothing (a server's, a file's); where an event
+// can be awaited, await it.
+func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(hangGuard)
+	deadline := time.Now().Add(timeout)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("still not %s after %v", what, hangGuard)
+			t.Fatalf("still waiting for %s after %v", what, timeout)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -78,7 +79,7 @@ func StartReplicaPair(t testing.TB, proxied bool) *ReplicaPair {
 	p.Replica = Start(t, "--replicaof", host, port)
 	ctx := adminCtx(t)
 	prdb, rrdb := newRDB(t, p.Primary.Addr()), newRDB(t, p.Replica.Addr())
-	waitUntil(t, "the replica in sync with the primary and acknowledging", func() bool {
+	WaitFor(t, hangGuard, "the replica in sync with the primary and acknowledging", func() bool {
 		r, err1 := rrdb.Info(ctx, "replication").Result()
 		m, err2 := prdb.Info(ctx, "replication").Result()
 		if err1 != nil || err2 != nil || !strings.Contains(r, "master_link_status:up") ||
@@ -131,7 +132,7 @@ func StartCluster(t testing.TB, masters, replicasPer int) *Cluster {
 		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
 	}
 	c := &Cluster{}
-	waitUntil(t, "cluster_state:ok on every node, all nodes known, replicas in sync", func() bool {
+	WaitFor(t, hangGuard, "cluster_state:ok on every node, all nodes known, replicas in sync", func() bool {
 		return c.sortRoles(ctx, nodes, masters)
 	})
 	for _, r := range c.Replicas {
@@ -381,7 +382,7 @@ func (c *Cluster) EndMigration(t testing.TB, slot int, src, dst *Node) {
 			t.Fatalf("CLUSTER SETSLOT %d NODE on %v: %v", slot, n, err)
 		}
 	}
-	waitUntil(t, fmt.Sprintf("every node saying %v serves slot %d", dst, slot), func() bool {
+	WaitFor(t, hangGuard, fmt.Sprintf("every node saying %v serves slot %d", dst, slot), func() bool {
 		for _, n := range append(append([]*Node(nil), c.Masters...), c.Replicas...) {
 			if !n.serves(ctx, slot, dst) {
 				return false
