@@ -103,11 +103,10 @@ func (h *rttCounter) reset() {
 // process), counting round trips in cnt when cnt is not nil.
 func benchRDB(b *testing.B, addr string, cnt *rttCounter) *redis.Client {
 	b.Helper()
-	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	rdb := rdbAt(b, addr)
 	if cnt != nil {
 		rdb.AddHook(cnt)
 	}
-	b.Cleanup(func() { _ = rdb.Close() })
 	return rdb
 }
 

@@ -19,7 +19,7 @@ import (
 
 // Reliability tests: real redis-server processes, real child processes, and
 // faults done to them. Every lock that matters is fenced, and every holder
-// writes to a fenced register (see fault_helpers_test.go) whose log shows
+// writes to a fenced register (see internal/redistest) whose log shows
 // overlapping holders and stale writers.
 
 // faultLease is the lease of most fault tests: short, so that expiry is
