@@ -7,9 +7,10 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/remutex/remutex/internal/redistest"
 )
 
 // TestRunTerminal runs remutex on a pseudo-terminal (script(1) provides one):
@@ -61,7 +62,7 @@ func onTerminal(t *testing.T, script, cmdline string, typing func(typed func(str
 	t.Helper()
 	cmd := exec.Command(script, "-qec", cmdline, "/dev/null")
 	cmd.Env = cliEnv(env...)
-	var out syncBuffer
+	var out redistest.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -88,22 +89,4 @@ func onTerminal(t *testing.T, script, cmdline string, typing func(typed func(str
 	}
 	_ = stdin.Close()
 	return out.String(), cmd.ProcessState.ExitCode()
-}
-
-// syncBuffer is a strings.Builder that may be read while a process writes it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }
