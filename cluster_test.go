@@ -197,7 +197,7 @@ func testClusterWatchdog(t *testing.T, tc *testCluster) {
 		for _, base := range []string{"p", "q"} {
 			name := tc.nameOn(t, n, prefix, base)
 			m := c.NewMutex(name, WithLease(lease))
-			slots[keySlot(m.k.hash())] = true
+			slots[keySlot(m.spec.hash())] = true
 			if err := m.LockContext(ctx); err != nil {
 				t.Fatalf("LockContext(%q): got %v, want nil", name, err)
 			}
@@ -212,7 +212,7 @@ func testClusterWatchdog(t *testing.T, tc *testCluster) {
 		if isClosed(h.lost) {
 			t.Errorf("lock %q on %v: Lost closed after %v, want it held", h.m.Name(), h.master, 3*lease+lease/2)
 		}
-		if ttl := h.master.rdb.PTTL(ctx, h.m.k.hash()).Val(); ttl <= 0 {
+		if ttl := h.master.rdb.PTTL(ctx, h.m.spec.hash()).Val(); ttl <= 0 {
 			t.Errorf("lock %q: PTTL on %v: got %v, want > 0 (renewed)", h.m.Name(), h.master, ttl)
 		}
 		if other.NewMutex(h.m.Name(), WithLease(lease)).TryLock() {
@@ -246,11 +246,11 @@ func testClusterReplicaAck(t *testing.T, tc *testCluster) {
 		if err := r.rdb.Do(ctx, "readonly").Err(); err != nil {
 			t.Fatalf("READONLY on %v: %v", r, err)
 		}
-		owners, err := r.rdb.HKeys(ctx, m.k.hash()).Result()
+		owners, err := r.rdb.HKeys(ctx, m.spec.hash()).Result()
 		if err != nil || len(owners) != 1 || !strings.HasPrefix(owners[0], c.id+":") {
 			t.Errorf("lock %q on replica %v right after LockContext: got owners %q (%v), want one of Client %s", m.Name(), r, owners, err, c.id)
 		}
-		fence, err := r.rdb.Get(ctx, m.k.keys[1]).Int64()
+		fence, err := r.rdb.Get(ctx, m.spec.keys[1]).Int64()
 		if err != nil || fence != m.Fence() {
 			t.Errorf("fence of %q on replica %v: got %d (%v), want %d", m.Name(), r, fence, err, m.Fence())
 		}

@@ -207,7 +207,7 @@ func TestFaultTLS(t *testing.T) {
 	wg := newFaultGoroutine(t)
 	wdone, w := faultLockAndWrite(wg, faultCtx(t, 10*time.Second), wm, reg, "waiter")
 	faultSubscribed(t, direct, k.channel) // the waiter's subscription, over TLS
-	observer := direct.Subscribe(ctx, k.channel)
+	observer := direct.Subscribe(ctx, k.channel+wc.id)
 	defer observer.Close()
 	if _, err := observer.Receive(faultCtx(t, 5*time.Second)); err != nil {
 		t.Fatalf("observer's subscription: %v", err)

@@ -593,7 +593,7 @@ func lockAsync(t testing.TB, m *DistMutex, reg *fencedRegister, who string) *asy
 		}
 		end := func() {}
 		if reg != nil {
-			end = reg.begin(who, m.Fence(), m.fencing)
+			end = reg.begin(who, m.Fence(), m.spec.fence != fenceOff)
 		}
 		a.locked <- asyncResult{fence: m.Fence(), at: at}
 		select {
