@@ -42,7 +42,8 @@ func testClusterKeysShareOneSlot(t *testing.T, tc *redistest.Cluster) {
 			ctx := testCtx(t, hangGuard)
 			prefix := topoPrefix(t)
 			ma := clientOn(t, tc.Client(t), WithKeyPrefix(prefix)).NewMutex(name, WithFencing())
-			mb := clientOn(t, tc.Client(t), WithKeyPrefix(prefix)).NewMutex(name, WithFencing())
+			cb := clientOn(t, tc.Client(t), WithKeyPrefix(prefix))
+			mb := cb.NewMutex(name, WithFencing())
 			hash := prefix + "{" + name + "}"
 			slot := tc.Slot(t, hash)
 			owner := tc.Owner(t, tc.Masters[0], slot)
@@ -57,11 +58,12 @@ func testClusterKeysShareOneSlot(t *testing.T, tc *redistest.Cluster) {
 			})
 			want := []string{hash, hash + ":fence", hash + ":queue", hash + ":queue:alive"}
 			checkLockKeys(t, tc, owner, prefix, slot, want)
-			if got := tc.Slot(t, hash+":released"); got != slot {
-				t.Errorf("channel %s:released is in slot %d, want %d", hash, got, slot)
+			channel := hash + ":released:" + cb.id // the waiting Client's channel
+			if got := tc.Slot(t, channel); got != slot {
+				t.Errorf("channel %s is in slot %d, want %d", channel, got, slot)
 			}
-			if got := owner.ShardSubs(t, hash+":released"); got != 1 {
-				t.Errorf("SHARDNUMSUB %s:released on %v: got %d, want 1", hash, owner, got)
+			if got := owner.ShardSubs(t, channel); got != 1 {
+				t.Errorf("SHARDNUMSUB %s on %v: got %d, want 1", channel, owner, got)
 			}
 
 			if err := ma.UnlockContext(ctx); err != nil {
@@ -75,7 +77,7 @@ func testClusterKeysShareOneSlot(t *testing.T, tc *redistest.Cluster) {
 			if err := await(t, w.unlocked, "the waiter's UnlockContext"); err != nil {
 				t.Fatalf("waiter's UnlockContext: got %v, want nil", err)
 			}
-			checkLockKeys(t, tc, owner, prefix, slot, []string{hash + ":fence", hash + ":last"})
+			checkLockKeys(t, tc, owner, prefix, slot, []string{hash + ":fence"})
 		})
 	}
 }
@@ -137,7 +139,7 @@ func testClusterWaitersWoken(t *testing.T, tc *redistest.Cluster) {
 	var locks []lock
 	for i, n := range tc.Masters {
 		name := nameOn(t, tc, n, prefix, "w")
-		l := lock{master: n, ch: prefix + "{" + name + "}:released", reg: redistest.NewRegister(t)}
+		l := lock{master: n, ch: prefix + "{" + name + "}:released:" + waiter.id, reg: redistest.NewRegister(t)}
 		l.held = lockAsync(t, holder.NewMutex(name, WithFencing()), l.reg, fmt.Sprint("holder ", i))
 		if r := await(t, l.held.locked, "the holder's LockContext"); r.err != nil {
 			t.Fatalf("holder's LockContext(%q): got %v, want nil", name, r.err)
@@ -199,7 +201,7 @@ func testClusterWatchdog(t *testing.T, tc *redistest.Cluster) {
 		for _, base := range []string{"p", "q"} {
 			name := nameOn(t, tc, n, prefix, base)
 			m := c.NewMutex(name, WithLease(lease))
-			slots[keySlot(m.k.hash())] = true
+			slots[keySlot(m.spec.hash())] = true
 			if err := m.LockContext(ctx); err != nil {
 				t.Fatalf("LockContext(%q): got %v, want nil", name, err)
 			}
@@ -214,7 +216,7 @@ func testClusterWatchdog(t *testing.T, tc *redistest.Cluster) {
 		if isClosed(h.lost) {
 			t.Errorf("lock %q on %v: Lost closed after %v, want it held", h.m.Name(), h.master, 3*lease+lease/2)
 		}
-		if ttl := h.master.RDB.PTTL(ctx, h.m.k.hash()).Val(); ttl <= 0 {
+		if ttl := h.master.RDB.PTTL(ctx, h.m.spec.hash()).Val(); ttl <= 0 {
 			t.Errorf("lock %q: PTTL on %v: got %v, want > 0 (renewed)", h.m.Name(), h.master, ttl)
 		}
 		if other.NewMutex(h.m.Name(), WithLease(lease)).TryLock() {
@@ -248,11 +250,11 @@ func testClusterReplicaAck(t *testing.T, tc *redistest.Cluster) {
 		if err := r.RDB.Do(ctx, "readonly").Err(); err != nil {
 			t.Fatalf("READONLY on %v: %v", r, err)
 		}
-		owners, err := r.RDB.HKeys(ctx, m.k.hash()).Result()
+		owners, err := r.RDB.HKeys(ctx, m.spec.hash()).Result()
 		if err != nil || len(owners) != 1 || !strings.HasPrefix(owners[0], c.id+":") {
 			t.Errorf("lock %q on replica %v right after LockContext: got owners %q (%v), want one of Client %s", m.Name(), r, owners, err, c.id)
 		}
-		fence, err := r.RDB.Get(ctx, m.k.keys[1]).Int64()
+		fence, err := r.RDB.Get(ctx, m.spec.keys[1]).Int64()
 		if err != nil || fence != m.Fence() {
 			t.Errorf("fence of %q on replica %v: got %d (%v), want %d", m.Name(), r, fence, err, m.Fence())
 		}
@@ -293,7 +295,7 @@ func TestClusterSlotMigration(t *testing.T) {
 	ma := a.NewMutex(name, WithFencing(), WithLease(lease))
 	mb := b.NewMutex(name, WithFencing(), WithLease(lease))
 	hash := prefix + "{" + name + "}"
-	channel := hash + ":released"
+	channel := hash + ":released:" + b.id
 	slot := tc.Slot(t, hash)
 	src := tc.Owner(t, tc.Masters[0], slot)
 	dst := tc.Masters[0]
@@ -380,7 +382,7 @@ func TestClusterSlotMigration(t *testing.T) {
 	if err := ma2.LockContext(ctx); err != nil {
 		t.Fatalf("LockContext(%q): got %v, want nil", name2, err)
 	}
-	channel2 := prefix + "{" + name2 + "}:released"
+	channel2 := prefix + "{" + name2 + "}:released:" + c.id
 	w2 := lockAsync(t, mc2, nil, "")
 	waitFor(t, "the third Client subscribed to "+channel2+" on "+dst.String(), func() bool {
 		return dst.ShardSubs(t, channel2) == 1

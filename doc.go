@@ -50,13 +50,43 @@
 //
 // # Waiting
 //
-// A waiter is woken by a message on the lock's channel when the lock is
-// released; it never polls, except as a fallback (the holder's remaining
-// lease; SUBSCRIBE denied by ACL). Waiters of one Client queue in arrival
-// order. A waiter that has waited a few milliseconds joins a queue kept in
-// Redis next to the lock; while that queue is not empty the final release
-// hands the lock to its live head directly, and newcomers queue instead of
-// barging, so no waiter in any process is starved.
+// Waiters never poll. The call that finds the lock busy also puts the caller
+// in a queue kept in Redis next to the lock (in arrival order, each entry with
+// a liveness deadline on the server's clock that its waiter refreshes), and
+// the waiter sleeps until a message, the holder's remaining lease, or its
+// next refresh. A release publishes only when someone waits, and then one
+// message, to the Client of the queue's head alone. As in sync.Mutex, there
+// are two modes, chosen by the release script on the server's clock: while
+// the head has waited less than a few milliseconds (normal mode) it is woken
+// and races newcomers for the free lock; after that (starvation mode) the
+// release hands the lock to it directly, newcomers queue behind, and the
+// waiter holds the lock from the message alone. So no waiter in any process
+// is starved, and a hand-off costs Redis one script call and one message.
+//
+// # Protocol
+//
+// A lock named N under prefix P is the hash P{N} (owner token → hold count)
+// with a lease (PEXPIRE), the fence counter P{N}:fence, and the queue
+// P{N}:queue (entry → arrival) with P{N}:queue:alive (entry → liveness
+// deadline); its Client hears of it on P{N}:released:<client id> (SPUBLISH
+// on a Redis 7 cluster). All share one cluster slot. Four scripts change
+// them (scripts/*.lua, embedded): acquire, release, leave and renew. Their
+// uncontended paths come first and touch only what they need: acquire is
+// EXISTS + HSET + PEXPIRE (+ INCR with fencing), release is HDEL + EXISTS.
+//
+// Every call is safe to apply twice (go-redis resends a call whose reply was
+// lost): scripts set absolute hold counts, and an acquire that finds its own
+// field answers as granted. A final release that finds nothing is taken as
+// done when it was sent inside the hold's validity: then the lock was still
+// the caller's when its critical section ended, unless something outside
+// the library deleted it, which the watchdog reports when it notices first.
+// A grant from the queue carries a short claim lease (the entry's time to
+// live) and is valid from the send time of the waiter's last refresh; the
+// watchdog extends it to the full lease only if the hold lasts long enough
+// to need it, so a waiter that died after its last refresh blocks the lock
+// for a claim window, not a lease, and a short hold costs no extra call.
+// A grant message names the queue entry it answers, so a goroutine that waits
+// again never takes an earlier wait's grant for a new one.
 //
 // # Example
 //

@@ -29,6 +29,11 @@ var (
 	// for acknowledged an acquisition in time; it was rolled back. It is
 	// transient: Lock retries it.
 	ErrTooFewReplicas = errors.New("remutex: too few replicas acknowledged")
+
+	// ErrNoQuorum reports that a quorum Client could not reach a majority of
+	// its servers for a call (they failed, not that the lock was busy). It is
+	// transient: Lock retries it.
+	ErrNoQuorum = errors.New("remutex: no majority of servers answered")
 )
 
 // WrongTypeError reports that a key under a lock's name holds a value of
@@ -84,12 +89,12 @@ var transientPrefixes = []string{
 // timeouts, and the Redis replies above. Everything else (WRONGTYPE, NOPERM,
 // OOM, script errors, ErrClosed, a context's end) is permanent.
 func transient(err error) bool {
-	if errors.Is(err, ErrTooFewReplicas) || errors.Is(err, ErrNoQuorum) {
-		return true
-	}
 	if err == nil || errors.Is(err, ErrClosed) ||
 		errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return false
+	}
+	if errors.Is(err, ErrTooFewReplicas) || errors.Is(err, ErrNoQuorum) {
+		return true
 	}
 	var rerr redis.Error
 	if errors.As(err, &rerr) {

@@ -152,7 +152,7 @@ func TestFaultTLS(t *testing.T) {
 	wg := newFaultGoroutine(t)
 	wdone, w := faultLockAndWrite(wg, testCtx(t, 10*time.Second), wm, reg, "waiter")
 	faultSubscribed(t, direct, k.channel) // the waiter's subscription, over TLS
-	observer := direct.Subscribe(ctx, k.channel)
+	observer := direct.Subscribe(ctx, k.channel+wc.id)
 	defer observer.Close()
 	if _, err := observer.Receive(testCtx(t, 5*time.Second)); err != nil {
 		t.Fatalf("observer's subscription: %v", err)

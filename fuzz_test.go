@@ -63,17 +63,13 @@ func fuzzDocumentedPanic(t *testing.T, what string, p interface{}) bool {
 }
 
 // fuzzStrayKeys fails the test if keys other than a lock's documented
-// leftovers remain: the fence counter (kept, without TTL, with fencing) and
-// the marker of the last release (with a TTL).
+// leftovers remain: the fence counter (kept, without TTL, with fencing).
 func fuzzStrayKeys(t *testing.T, mr *miniredis.Miniredis, hashes map[string]bool) {
 	t.Helper()
 	for _, key := range mr.Keys() {
 		ok := false
 		for hash, fencing := range hashes {
-			switch key {
-			case hash + ":last":
-				ok = mr.TTL(key) > 0
-			case hash + ":fence":
+			if key == hash+":fence" {
 				ok = fencing
 			}
 			if ok {
@@ -121,7 +117,16 @@ func FuzzNewMutex(f *testing.F) {
 			opts = append(opts, NonReentrant())
 		}
 
-		c := NewClient(rdb, copts...)
+		var c *Client
+		if fuzzDocumentedPanic(t, "NewClient", fuzzCall(t, "NewClient", func() { c = NewClient(rdb, copts...) })) {
+			if !strings.ContainsAny(effPrefix, "{}") {
+				t.Fatalf("NewClient refused the prefix %q", effPrefix)
+			}
+			return
+		}
+		if strings.ContainsAny(effPrefix, "{}") {
+			t.Fatalf("NewClient accepted the prefix %q", effPrefix)
+		}
 		defer func() {
 			if err := c.Close(); err != nil {
 				t.Errorf("Close: %v", err)

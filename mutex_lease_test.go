@@ -64,7 +64,7 @@ func (r *renewRecorder) pipelines() [][][]string {
 // its holds, all that are due in one pipelined round trip; the goroutine
 // count does not grow with the number of holds.
 func TestWatchdogBatchesRenewals(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	eachBackend(t, func(t *testing.T, b *testBackend) {
 		name := lockName(t)
 		const holds = 20
 		// Renewals every second; holds due within 250ms share a round trip,
@@ -122,7 +122,7 @@ func cpuTime(t testing.TB) time.Duration {
 // and the process's CPU time is measured over a second in which one renewal
 // hangs and the other hold is due.
 func TestWatchdogIdleWhileRenewalInFlight(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	eachBackend(t, func(t *testing.T, b *testBackend) {
 		name := lockName(t)
 		const lease = 3 * time.Second // renewals every 1s, batched within 250ms
 		p := redistest.NewProxy(t, b.addr)
@@ -166,7 +166,7 @@ func TestWatchdogIdleWhileRenewalInFlight(t *testing.T) {
 // than the normal schedule, but not in a busy loop, and when the validity
 // deadline passes without a success the hold is lost.
 func TestFailingRenewalsLoseTheHold(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	eachBackend(t, func(t *testing.T, b *testBackend) {
 		name := lockName(t)
 		const lease = 1500 * time.Millisecond
 		var attempts atomic.Int64
@@ -201,7 +201,7 @@ func TestFailingRenewalsLoseTheHold(t *testing.T) {
 // TestHoldOutlivesLease: a hold lives on, renewed, well past its lease. On
 // miniredis the keys' clock is moved along with real time.
 func TestHoldOutlivesLease(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	eachBackend(t, func(t *testing.T, b *testBackend) {
 		name := lockName(t)
 		k := keysOf(name)
 		ctx := context.Background()
@@ -229,14 +229,14 @@ func TestHoldOutlivesLease(t *testing.T) {
 // deadline. The hook delays the reply of the first acquire by 3/4 of the
 // lease (the script ran at once).
 func TestSlowAcquireReplyIsRenewedInTime(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	eachBackend(t, func(t *testing.T, b *testBackend) {
 		name := lockName(t)
 		// Without renewal the hold would end 2s - 22ms after the acquire was
 		// sent; the reply comes after 1.5s, the renewal must follow at once.
 		const lease = 2 * time.Second
 		var once sync.Once
 		rdb := b.rdb(t)
-		require.NoError(t, renewScript.Load(context.Background(), rdb).Err()) // spare the renewal a NOSCRIPT round
+		require.NoError(t, rdb.ScriptLoad(context.Background(), renewScript.src.(string)).Err()) // spare the renewal a NOSCRIPT round
 		rdb.AddHook(hookFuncs{process: func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
 			err := next(ctx, cmd)
 			if s, _ := scriptCall(cmd); s == "acquire" && err == nil {
@@ -257,7 +257,7 @@ func TestSlowAcquireReplyIsRenewedInTime(t *testing.T) {
 }
 
 func TestWithoutRenewalExpires(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	eachBackend(t, func(t *testing.T, b *testBackend) {
 		name := lockName(t)
 		k := keysOf(name)
 		ctx := context.Background()
@@ -285,7 +285,7 @@ func TestWithoutRenewalExpires(t *testing.T) {
 }
 
 func TestLostWhenKeyDeleted(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	eachBackend(t, func(t *testing.T, b *testBackend) {
 		for _, tc := range []struct {
 			name     string
 			takeOver bool // another Client takes the lock after the delete
@@ -330,7 +330,7 @@ func TestLostWhenKeyDeleted(t *testing.T) {
 // Lock raises the count (and reports the loss), every Unlock reports
 // ErrLockLost, and after the last one the goroutine can lock again.
 func TestLostHoldNestedCalls(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	eachBackend(t, func(t *testing.T, b *testBackend) {
 		name := lockName(t)
 		k := keysOf(name)
 		ctx := context.Background()
@@ -370,7 +370,7 @@ func TestLostHoldNestedCalls(t *testing.T) {
 // TestLostWhenRedisUnreachable: when Redis stops answering, the hold is lost
 // by its local validity deadline, before the key can expire on the server.
 func TestLostWhenRedisUnreachable(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	eachBackend(t, func(t *testing.T, b *testBackend) {
 		name := lockName(t)
 		k := keysOf(name)
 		ctx := context.Background()
@@ -420,7 +420,7 @@ func childFence(t *testing.T, ch *redistest.Child) int64 {
 // lock until its lease runs out, then a waiter gets it with a higher fencing
 // token.
 func TestKilledHolderProcess(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	eachBackend(t, func(t *testing.T, b *testBackend) {
 		name := lockName(t)
 		k := keysOf(name)
 		ctx := context.Background()
@@ -444,7 +444,7 @@ func TestKilledHolderProcess(t *testing.T) {
 // loses the lock to a waiter; when it runs again its Lost channel closes and
 // its Unlock reports ErrLockLost without touching the new holder's hold.
 func TestPausedHolderProcess(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	eachBackend(t, func(t *testing.T, b *testBackend) {
 		name := lockName(t)
 		k := keysOf(name)
 		ctx := context.Background()
@@ -484,7 +484,7 @@ func doubleScripts() redis.Hook {
 }
 
 func TestScriptsAppliedTwice(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	eachBackend(t, func(t *testing.T, b *testBackend) {
 		name := lockName(t)
 		k := keysOf(name)
 		ctx := context.Background()
@@ -542,7 +542,7 @@ func TestScriptsAppliedTwice(t *testing.T) {
 // stay the same for nested acquisitions, and keep increasing after Redis
 // loses everything (a restart without persistence).
 func TestFencing(t *testing.T) {
-	eachFreshBackend(t, func(t *testing.T, b *backend) {
+	eachFreshBackend(t, func(t *testing.T, b *testBackend) {
 		name := lockName(t)
 		ctx := context.Background()
 		c1, c2 := b.client(t), b.client(t)

@@ -128,7 +128,7 @@ func goLockContext(t *testing.T, m *DistMutex, ctx context.Context) *bgLock {
 func (g *bgLock) release() { g.once.Do(func() { close(g.unlock) }) }
 
 func TestNameHoldCountFenceLost(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	eachBackend(t, func(t *testing.T, b *testBackend) {
 		name := lockName(t)
 		c := b.client(t)
 		m := c.NewMutex(name)
@@ -165,7 +165,7 @@ func TestNameHoldCountFenceLost(t *testing.T) {
 }
 
 func TestKeyPrefix(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	eachBackend(t, func(t *testing.T, b *testBackend) {
 		name := lockName(t)
 		rdb := b.rdb(t)
 		ctx := context.Background()
@@ -188,7 +188,7 @@ func TestKeyPrefix(t *testing.T) {
 }
 
 func TestConstructionPanics(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	eachBackend(t, func(t *testing.T, b *testBackend) {
 		var counter commandLog
 		rdb := b.rdb(t)
 		rdb.AddHook(&counter)
@@ -247,7 +247,7 @@ func TestConstructionPanics(t *testing.T) {
 }
 
 func TestReentrancy(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	eachBackend(t, func(t *testing.T, b *testBackend) {
 		name := lockName(t)
 		k := keysOf(name)
 		rdb := b.rdb(t)
@@ -305,15 +305,31 @@ func hashCounts(t testing.TB, rdb *redis.Client, key string) []string {
 }
 
 // numSub returns the subscribers of channel (PUBSUB NUMSUB).
-func numSub(t testing.TB, rdb *redis.Client, channel string) int64 {
+// numSub counts the subscribers of the channels that begin with prefix: a
+// lock's channels are P{N}:released:<client id>, one per Client.
+func numSub(t testing.TB, rdb *redis.Client, prefix string) int64 {
 	t.Helper()
-	m, err := rdb.PubSubNumSub(context.Background(), channel).Result()
+	n, err := subscribers(rdb, prefix)
 	require.NoError(t, err)
-	return m[channel]
+	return n
+}
+
+func subscribers(rdb *redis.Client, prefix string) (int64, error) {
+	ctx := context.Background()
+	chans, err := rdb.PubSubChannels(ctx, prefix+"*").Result()
+	if err != nil || len(chans) == 0 {
+		return 0, err
+	}
+	m, err := rdb.PubSubNumSub(ctx, chans...).Result()
+	var n int64
+	for _, k := range m {
+		n += k
+	}
+	return n, err
 }
 
 func TestExclusion(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	eachBackend(t, func(t *testing.T, b *testBackend) {
 		name := lockName(t)
 		const clients, goroutines, rounds = 2, 4, 10
 		var inside, overlaps, total atomic.Int64
@@ -347,7 +363,7 @@ func TestExclusion(t *testing.T) {
 }
 
 func TestUnlockOfUnlockedMutex(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	eachBackend(t, func(t *testing.T, b *testBackend) {
 		name := lockName(t)
 		c := b.client(t)
 		m := c.NewMutex(name)
@@ -389,7 +405,7 @@ func assertUnlockPanics(t *testing.T, m *DistMutex, what string) {
 }
 
 func TestWrongType(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	eachBackend(t, func(t *testing.T, b *testBackend) {
 		ctx := context.Background()
 		rdb := b.rdb(t)
 		c := b.client(t)
@@ -477,20 +493,27 @@ func TestWrongType(t *testing.T) {
 }
 
 func TestScriptFlushIsHarmless(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	eachBackend(t, func(t *testing.T, b *testBackend) {
 		name := lockName(t)
 		k := keysOf(name)
 		ctx := context.Background()
 		direct := b.rdb(t)
 		var renewals atomic.Int64
+		count := func(cmd redis.Cmder) {
+			if s, _ := scriptCall(cmd); s == "renew" && cmd.Err() == nil {
+				renewals.Add(1)
+			}
+		}
 		rdb := b.rdb(t)
 		rdb.AddHook(hookFuncs{pipeline: func(ctx context.Context, cmds []redis.Cmder, next redis.ProcessPipelineHook) error {
 			err := next(ctx, cmds)
 			for _, cmd := range cmds {
-				if s, _ := scriptCall(cmd); s == "renew" && cmd.Err() == nil {
-					renewals.Add(1)
-				}
+				count(cmd)
 			}
+			return err
+		}, process: func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
+			err := next(ctx, cmd)
+			count(cmd)
 			return err
 		}})
 		errs := newErrorLog()
@@ -540,7 +563,7 @@ func failFirstAcquires(n *atomic.Int64) redis.Hook {
 }
 
 func TestLockRetriesTransientErrors(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	eachBackend(t, func(t *testing.T, b *testBackend) {
 		name := lockName(t)
 		var failures atomic.Int64
 		rdb := b.rdb(t)
@@ -583,7 +606,7 @@ func TestLockRetriesTransientErrors(t *testing.T) {
 }
 
 func TestLockContextDone(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	eachBackend(t, func(t *testing.T, b *testBackend) {
 		name := lockName(t)
 		var counter commandLog
 		rdb := b.rdb(t)
@@ -615,7 +638,7 @@ func TestLockContextDone(t *testing.T) {
 }
 
 func TestClose(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	eachBackend(t, func(t *testing.T, b *testBackend) {
 		name := lockName(t)
 		kx, ky := keysOf(name+".x"), keysOf(name+".y")
 		ctx := context.Background()
@@ -669,7 +692,7 @@ func TestClose(t *testing.T) {
 }
 
 func TestCondSignal(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	eachBackend(t, func(t *testing.T, b *testBackend) {
 		m := b.client(t).NewMutex(lockName(t))
 		cond := sync.NewCond(m)
 		ready := false // guarded by m
@@ -697,7 +720,7 @@ func TestCondSignal(t *testing.T) {
 }
 
 func TestCondBroadcast(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	eachBackend(t, func(t *testing.T, b *testBackend) {
 		m := b.client(t).NewMutex(lockName(t))
 		cond := sync.NewCond(m)
 		const n = 3
@@ -734,7 +757,7 @@ func TestCondBroadcast(t *testing.T) {
 // Signal sent without the lock still wakes the waiter, whose Lock then
 // raises the count back to 2.
 func TestCondWaitNested(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	eachBackend(t, func(t *testing.T, b *testBackend) {
 		name := lockName(t)
 		k := keysOf(name)
 		rdb := b.rdb(t)
@@ -765,7 +788,7 @@ func TestCondWaitNested(t *testing.T) {
 }
 
 func TestNonReentrant(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	eachBackend(t, func(t *testing.T, b *testBackend) {
 		name := lockName(t)
 		k := keysOf(name)
 		ctx := context.Background()
@@ -806,7 +829,7 @@ func TestNonReentrant(t *testing.T) {
 // messages under one lock, so under -race a contended round trip takes
 // 5–20ms there (0.2ms on redis-server) and the full size would take minutes.
 func TestHammer(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	eachBackend(t, func(t *testing.T, b *testBackend) {
 		name := lockName(t)
 		counter := name + ".counter"
 		const clients, goroutines = 3, 10

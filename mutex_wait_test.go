@@ -39,28 +39,46 @@ func serverMillis(t testing.TB, rdb *redis.Client) int64 {
 // <claim ms>:<fencing 0|1>:<wait id>:<owner token>.
 var queueEntry = regexp.MustCompile(`^(\d+):([01]):(\d+):([0-9a-f]{32}):(\d+)$`)
 
+// TestReleasePublishes: a release publishes only when someone waits, and
+// then one message, on the waiting Client's own channel of the lock.
 func TestReleasePublishes(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	eachBackend(t, func(t *testing.T, b *testBackend) {
 		name := lockName(t)
 		k := keysOf(name)
 		ctx := context.Background()
 		rdb := b.rdb(t)
-		ps := rdb.Subscribe(ctx, k.channel)
+		ps := rdb.PSubscribe(ctx, k.channel+"*")
 		t.Cleanup(func() { _ = ps.Close() })
 		_, err := ps.Receive(ctx) // the subscription's confirmation
 		require.NoError(t, err)
 		msgs := ps.Channel()
+		marker := func(s string) {
+			t.Helper()
+			require.NoError(t, rdb.Publish(ctx, k.channel+"marker", s).Err())
+		}
 
 		m := b.client(t).NewMutex(name)
 		m.Lock()
 		m.Lock()
 		m.Unlock()
-		// A marker published now arrives before anything the final Unlock
-		// publishes, and after anything the nested Unlock published.
-		require.NoError(t, rdb.Publish(ctx, k.channel, "marker").Err())
 		m.Unlock()
-		assert.Equal(t, "marker", await(t, msgs, "the marker").Payload, "first message: the nested Unlock must not publish")
-		assert.Equal(t, "r", await(t, msgs, "the release message").Payload, "message of the final Unlock")
+		// A marker published now arrives after anything the Unlocks published.
+		marker("1")
+		assert.Equal(t, "1", await(t, msgs, "the marker").Payload, "first message: an Unlock without waiters must not publish")
+
+		m.Lock()
+		wc := b.client(t)
+		w := goLock(t, wc.NewMutex(name))
+		waitFor(t, "the waiter in the queue", func() bool { return rdb.ZCard(ctx, k.queue).Val() == 1 })
+		m.Unlock()
+		require.NoError(t, await(t, w.locked, "the waiter to get the lock"))
+		marker("2")
+		msg := await(t, msgs, "the release message")
+		assert.Equal(t, k.channel+wc.id, msg.Channel, "channel of the release message")
+		assert.Regexp(t, `^(w|g \d+) `, msg.Payload, "release message")
+		assert.Equal(t, "2", await(t, msgs, "the marker").Payload, "one message per release")
+		w.release()
+		require.NoError(t, await(t, w.unlocked, "the waiter to unlock"))
 	})
 }
 
@@ -68,7 +86,7 @@ func TestReleasePublishes(t *testing.T) {
 // Redis, each with a liveness deadline they refresh, and the lock is handed to
 // them in arrival order, within one Client and across Clients.
 func TestQueueGrantsInOrder(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	eachBackend(t, func(t *testing.T, b *testBackend) {
 		for _, tc := range []struct {
 			name    string
 			clients int
@@ -158,10 +176,10 @@ func TestQueueGrantsInOrder(t *testing.T) {
 	})
 }
 
-// TestTryLockDoesNotBarge: while waiters are queued, TryLock of a free lock
-// fails (the lock goes to the queue's head) and leaves nothing behind.
+// TestTryLockDoesNotBarge: while a waiter is owed the lock, TryLock of a free
+// lock fails (the lock goes to the queue's head) and leaves nothing behind.
 func TestTryLockDoesNotBarge(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	eachBackend(t, func(t *testing.T, b *testBackend) {
 		name := lockName(t)
 		k := keysOf(name)
 		ctx := context.Background()
@@ -174,7 +192,9 @@ func TestTryLockDoesNotBarge(t *testing.T) {
 		waitFor(t, "the waiter in the queue", func() bool { return rdb.ZCard(ctx, k.queue).Val() == 1 })
 
 		// The holder's key vanishes without a release message: the lock is free
-		// but a waiter is queued.
+		// but a waiter is queued, and it has waited long enough to be owed
+		// the lock (starvation mode).
+		awaitStarving(t, rdb, k)
 		require.NoError(t, rdb.Del(ctx, k.hash).Err())
 		bc := b.client(t)
 		barger := bc.NewMutex(name)
@@ -205,7 +225,7 @@ func TestTryLockDoesNotBarge(t *testing.T) {
 // message (its key deleted behind the holder's back, or its fixed lease run
 // out) still goes to a waiter.
 func TestWaiterGetsInWithoutReleaseMessage(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	eachBackend(t, func(t *testing.T, b *testBackend) {
 		const fixed = 300 * time.Millisecond
 		for _, tc := range []struct {
 			name   string
@@ -251,7 +271,7 @@ func TestWaiterGetsInWithoutReleaseMessage(t *testing.T) {
 // most by its claim window: skipped once its liveness deadline passed, and
 // granted only a claim lease (not the full lease) while it still looked alive.
 func TestDeadQueueEntry(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	eachBackend(t, func(t *testing.T, b *testBackend) {
 		const claim = time.Second
 		for _, tc := range []struct {
 			name     string
@@ -307,7 +327,7 @@ func TestDeadQueueEntry(t *testing.T) {
 // queued leaves no hold, no queue entry, no renewal and (once it lingered
 // out) no subscription.
 func TestGiveUpLeavesNothing(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	eachBackend(t, func(t *testing.T, b *testBackend) {
 		for _, tc := range []struct {
 			name    string
 			timeout time.Duration // 0: cancelled once queued
@@ -326,7 +346,7 @@ func TestGiveUpLeavesNothing(t *testing.T) {
 				wrdb := b.rdb(t)
 				wrdb.AddHook(hookFuncs{process: func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
 					err := next(ctx, cmd)
-					if s, _ := scriptCall(cmd); s == "enqueue" && err == nil {
+					if queuedReply(cmd) {
 						select {
 						case enqueued <- struct{}{}:
 						default:
@@ -389,7 +409,7 @@ func TestGiveUpLeavesNothing(t *testing.T) {
 // refreshes are held back (a paused proxy, a hook) so that the waiter sees
 // its context end first.
 func TestGiveUpReleasesGrant(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *backend) {
+	eachBackend(t, func(t *testing.T, b *testBackend) {
 		name := lockName(t)
 		k := keysOf(name)
 		ctx := context.Background()
@@ -406,7 +426,7 @@ func TestGiveUpReleasesGrant(t *testing.T) {
 		t.Cleanup(func() { _ = wrdb.Close() })
 		wrdb.AddHook(hookFuncs{process: func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
 			switch s, _ := scriptCall(cmd); s {
-			case "enqueue":
+			case "acquire":
 				select {
 				case <-holding:
 					<-ctx.Done() // a refresh that does not get through
@@ -415,7 +435,7 @@ func TestGiveUpReleasesGrant(t *testing.T) {
 				default:
 				}
 				err := next(ctx, cmd)
-				if err == nil {
+				if queuedReply(cmd) {
 					select {
 					case enqueued <- struct{}{}:
 					default:
@@ -439,6 +459,7 @@ func TestGiveUpReleasesGrant(t *testing.T) {
 		go func() { res <- wm.LockContext(wctx) }()
 
 		await(t, enqueued, "the waiter to join the queue")
+		awaitStarving(t, rdb, k)
 		holdRefresh.Do(func() { close(holding) })
 		p.Pause()
 		holder.Unlock()
@@ -489,7 +510,7 @@ func (h *recordingHandler) count(substr string) int {
 // server: miniredis does not enforce ACL command permissions.
 func TestSubscribeDenied(t *testing.T) {
 	srv := redistest.Shared(t)
-	b := &backend{name: "redis-server", addr: srv.Addr(), srv: srv}
+	b := &testBackend{name: "redis-server", addr: srv.Addr(), srv: srv}
 	name := lockName(t)
 	k := keysOf(name)
 	ctx := context.Background()
@@ -512,4 +533,30 @@ func TestSubscribeDenied(t *testing.T) {
 		require.NoError(t, await(t, w.unlocked, "the waiter to unlock"), "round %d", round)
 	}
 	assert.Equal(t, 1, rec.count("SUBSCRIBE denied"), "log records of the fallback to polling")
+}
+
+// queuedReply reports whether cmd is an acquire call that queued its caller.
+func queuedReply(cmd redis.Cmder) bool {
+	if s, _ := scriptCall(cmd); s != "acquire" || cmd.Err() != nil {
+		return false
+	}
+	r, ok := cmd.(*redis.Cmd)
+	if !ok {
+		return false
+	}
+	v, err := r.Slice()
+	return err == nil && len(v) == 2 && v[0] == int64(replyQueued)
+}
+
+// awaitStarving waits until the head of the lock's queue has waited
+// starveAfter on the server's clock: releases then hand the lock to it.
+func awaitStarving(t testing.TB, rdb *redis.Client, k lockKeyNames) {
+	t.Helper()
+	ctx := context.Background()
+	waitFor(t, "the queue's head to wait past the starvation threshold", func() bool {
+		head, err := rdb.ZRangeWithScores(ctx, k.queue, 0, 0).Result()
+		now, terr := rdb.Time(ctx).Result()
+		return err == nil && terr == nil && len(head) == 1 &&
+			now.UnixMicro()-int64(head[0].Score) >= starveAfter.Microseconds()
+	})
 }

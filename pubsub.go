@@ -66,18 +66,22 @@ type subEntry struct {
 	idleSince time.Time // when refs last dropped to 0
 }
 
-// acquire registers interest in channel.
-func (s *subscriber) acquire(channel string) {
+// watch registers interest in channel; without create only if it is
+// subscribed (or lingering) already. It reports whether it registered.
+func (s *subscriber) watch(channel string, create bool) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return
+		return false
 	}
 	if s.chans == nil {
 		s.chans = make(map[string]*subEntry)
 		s.conns = make(map[string]*psConn)
 	}
 	e := s.chans[channel]
+	if e == nil && !create {
+		return false
+	}
 	if e == nil {
 		e = &subEntry{ready: make(chan struct{})}
 		s.chans[channel] = e
@@ -90,6 +94,7 @@ func (s *subscriber) acquire(channel string) {
 	if !e.confirmed && e.conn == nil {
 		s.subscribeLocked(channel, e)
 	}
+	return true
 }
 
 // ready returns a channel that is closed once messages on channel are
@@ -201,8 +206,8 @@ func (s *subscriber) connLocked(channel string) (*psConn, error) {
 	return conn, nil
 }
 
-// release drops a waiter's interest in channel.
-func (s *subscriber) release(channel string) {
+// unwatch drops a waiter's interest in channel.
+func (s *subscriber) unwatch(channel string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if e := s.chans[channel]; e != nil {
@@ -431,14 +436,29 @@ func (s *subscriber) deny(err error) {
 	}
 }
 
-// dispatch hands a message on a lock's channel to its local waiters.
+// dispatch hands a message on the Client's channel of a lock to the local
+// waiter it names:
 //
-//	"r"                   released in normal mode: wake the head waiter
-//	"g <fence> <entry>"   the queue granted the lock to entry
+//	"w <entry>"           normal mode: the lock is free, entry may take it
+//	"g <fence> <entry>"   starvation mode: the lock was handed to entry
+//
+// A wake-up for an entry that no longer waits goes to the lock's first local
+// waiter; a grant for it is dropped: its waiter left the queue with a leave
+// call that also released the grant, or learnt of it from its own call.
 func (c *Client) dispatch(channel, payload string) {
-	key, ok := strings.CutSuffix(channel, ":released")
+	key, _, ok := strings.Cut(channel, releasedInfix)
 	if !ok {
 		return
+	}
+	kind, rest, _ := strings.Cut(payload, " ")
+	var fence int64
+	if kind == "g" {
+		f, entry, ok := strings.Cut(rest, " ")
+		if !ok {
+			return
+		}
+		fence, _ = strconv.ParseInt(f, 10, 64)
+		rest = entry
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -446,25 +466,15 @@ func (c *Client) dispatch(channel, payload string) {
 	if st == nil {
 		return
 	}
-	if payload == "r" {
-		st.wakeHeadLocked()
-		return
-	}
-	rest, ok := strings.CutPrefix(payload, "g ")
-	if !ok {
-		return
-	}
-	f, entry, ok := strings.Cut(rest, " ")
-	if !ok {
-		return
-	}
 	for _, w := range st.waiters {
-		if w.entry == entry {
-			fence, _ := strconv.ParseInt(f, 10, 64)
-			w.granted, w.fence = true, fence
+		if w.entry == rest {
+			w.granted, w.fence = kind == "g", fence
 			w.signal()
 			return
 		}
+	}
+	if kind == "w" && len(st.waiters) > 0 {
+		st.waiters[0].signal()
 	}
 }
 
@@ -490,7 +500,7 @@ func (n *node) sharded(ctx context.Context) bool {
 		}
 		info, err := cc.Info(ctx, "server").Result()
 		if err != nil {
-			n.c.log.Warn("remutex: cannot tell the cluster's Redis version; using classic pub/sub", "err", err)
+			n.log.Warn("remutex: cannot tell the cluster's Redis version; using classic pub/sub", "err", err)
 			return
 		}
 		for _, line := range strings.Split(info, "\n") {

@@ -10,11 +10,6 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// ErrNoQuorum reports that a quorum Client could not reach a majority of its
-// servers for a call (they failed, not that the lock was busy). It is
-// transient: Lock retries it.
-var ErrNoQuorum = errors.New("remutex: no majority of servers answered")
-
 // NewQuorumClient returns a Client whose locks live on a majority of
 // independent Redis servers (the Redlock algorithm), for deployments where no
 // single Redis, however replicated, may decide alone. The servers must not
@@ -25,8 +20,11 @@ var ErrNoQuorum = errors.New("remutex: no majority of servers answered")
 //     drift margin); otherwise what it got is released again.
 //   - Reentrancy and renewal work per server; a hold is lost when fewer than a
 //     majority renew it, or its validity passes without a majority renewal.
-//   - Waiters are woken by pub/sub from every server; the starvation queue of
-//     NewClient is not used, so heavy contention is served in normal mode.
+//   - Waiters are queued on every server and woken by a message from each
+//     server that releases, but the lock is never handed to them: it is
+//     always taken by a call that wins a majority (normal mode only), so
+//     waits under heavy contention are not bounded as on a single
+//     deployment.
 //   - Fencing (WithFencing): each server keeps its own counter. The token of
 //     an acquisition is the highest its majority granted, and before Lock
 //     returns that value is written back (raised, never lowered) to a
@@ -47,19 +45,35 @@ func NewQuorumClient(rdbs []redis.UniversalClient, opts ...Option) *Client {
 		panic(fmt.Sprintf("remutex: NewQuorumClient: need at least 3 independent servers, got %d", len(rdbs)))
 	}
 	for i, rdb := range rdbs {
-		if rdb == nil || isNilPointer(rdb) {
+		if isNil(rdb) {
 			panic(fmt.Sprintf("remutex: NewQuorumClient: redis client %d is nil", i))
 		}
 	}
-	c := NewClient(rdbs[0], opts...)
-	c.nodes = make([]*node, len(rdbs))
+	c := newClient("NewQuorumClient", opts)
+	q := &quorum{majority: len(rdbs)/2 + 1, nodes: make([]*node, len(rdbs))}
 	for i, rdb := range rdbs {
-		c.nodes[i] = newNode(c, rdb)
+		// The queue never hands the lock on: a grant on one server is not
+		// a majority's.
+		q.nodes[i] = newNode(c, rdb, never)
 	}
-	c.one = nil
-	c.majority = len(rdbs)/2 + 1
+	c.be = q
 	return c
 }
+
+// never is a starvation threshold no waiter reaches.
+const never = time.Duration(1<<63 - 1)
+
+// quorum is the backend of NewQuorumClient: the same scripts on every node,
+// decided by a majority.
+type quorum struct {
+	nodes    []*node
+	majority int
+	bg       sync.WaitGroup // calls still running after a decision; joined by close
+}
+
+func (q *quorum) grants() bool      { return false }
+func (q *quorum) freshOwners() bool { return true }
+func (q *quorum) acked() bool       { return false }
 
 // answer is one node's reply in a fan-out.
 type answer[T any] struct {
@@ -77,67 +91,40 @@ var errNoAnswer = errors.New("no answer yet")
 // against a lease.
 const minGrace = 50 * time.Millisecond
 
+// indexed is a node's answer with the node's index.
+type indexed[T any] struct {
+	i int
+	a answer[T]
+}
+
 // fanOut calls f on every node at once and returns as soon as decided says
 // the answers so far settle the question, all answered, or the others took
 // much longer than the majority (see minGrace), so that a dead, paused or
 // slow server does not hold up a majority. Answers are in node order; a node
 // that has not answered has errNoAnswer. Calls still running continue in the
-// background, joined by Close, and hand their answer to late if it is not nil.
-func fanOut[T any](c *Client, f func(*node) (T, error), decided func([]answer[T]) bool, late func(*node, answer[T])) []answer[T] {
-	type indexed struct {
-		i int
-		a answer[T]
-	}
-	ch := make(chan indexed, len(c.nodes))
+// background, joined by close, and hand their answer to late if it is not nil.
+func fanOut[T any](q *quorum, f func(*node) (T, error), decided func([]answer[T]) bool, late func(*node, answer[T])) []answer[T] {
+	ch := make(chan indexed[T], len(q.nodes))
 	var mu sync.Mutex
 	finished := false
-	for i, n := range c.nodes {
-		c.bg.Add(1)
+	for i, n := range q.nodes {
+		q.bg.Add(1)
 		go func() {
-			defer c.bg.Done()
+			defer q.bg.Done()
 			v, err := f(n)
-			a := answer[T]{v, err}
 			mu.Lock()
-			if finished {
+			if !finished {
+				ch <- indexed[T]{i, answer[T]{v, err}} // buffered for every node: never blocks
 				mu.Unlock()
-				if late != nil {
-					late(n, a)
-				}
 				return
 			}
-			ch <- indexed{i, a} // buffered for every node: never blocks
 			mu.Unlock()
+			if late != nil {
+				late(n, answer[T]{v, err})
+			}
 		}()
 	}
-	got := make([]answer[T], len(c.nodes))
-	for i := range got {
-		got[i].err = errNoAnswer
-	}
-	start := time.Now()
-	var grace <-chan time.Time
-wait:
-	for answered := 0; answered < len(c.nodes); {
-		select {
-		case x := <-ch:
-			answered++
-			got[x.i] = x.a
-			if decided(got) {
-				break wait
-			}
-			if answered == c.majority {
-				// The majority's answers did not settle it: wait for the
-				// others only a little longer than those took, so that a
-				// server that does not answer (paused, partitioned) counts
-				// as failed instead of holding the caller up until its
-				// client's read timeout.
-				t := time.NewTimer(max(2*time.Since(start), minGrace))
-				defer t.Stop()
-				grace = t.C
-			}
-		case <-grace:
-			break wait
-		}
-	}
+	got := gather(len(q.nodes), q.majority, ch, decided)
 	mu.Lock()
 	finished = true
 	mu.Unlock()
@@ -145,7 +132,7 @@ wait:
 		select {
 		case x := <-ch: // answered after the decision, before finished was set
 			if late != nil {
-				late(c.nodes[x.i], x.a)
+				late(q.nodes[x.i], x.a)
 			}
 		default:
 			return got
@@ -153,22 +140,54 @@ wait:
 	}
 }
 
-// acquireVotes counts a fan-out of acquire replies.
-type acquireVotes struct {
-	granted, lost, busy int
-	fence, wait         int64
-	permanent, last     error
+// gather collects n answers from ch until decided says they settle the
+// question, all came, or a majority answered and the others took twice as
+// long as that (at least minGrace): a server that does not answer (paused,
+// partitioned) then counts as failed instead of holding the caller up until
+// its client's read timeout.
+func gather[T any](n, majority int, ch <-chan indexed[T], decided func([]answer[T]) bool) []answer[T] {
+	got := make([]answer[T], n)
+	for i := range got {
+		got[i].err = errNoAnswer
+	}
+	start := time.Now()
+	var grace <-chan time.Time
+	for answered := 0; answered < n; {
+		select {
+		case x := <-ch:
+			answered++
+			got[x.i] = x.a
+			if decided(got) {
+				return got
+			}
+			if answered == majority {
+				t := time.NewTimer(max(2*time.Since(start), minGrace))
+				defer t.Stop()
+				grace = t.C
+			}
+		case <-grace:
+			return got
+		}
+	}
+	return got
 }
 
-func countAcquire(as []answer[scriptReply]) (v acquireVotes) {
+// acquireVotes counts a fan-out of acquire replies.
+type acquireVotes struct {
+	granted, lost, busy, pending int
+	fence, wait                  int64
+	permanent, last              error
+}
+
+func countAcquire(as []answer[reply]) (v acquireVotes) {
 	for _, a := range as {
 		switch {
+		case a.err == errNoAnswer:
+			v.pending++
 		case a.err != nil:
-			if a.err != errNoAnswer {
-				v.last = a.err
-				if !transient(a.err) {
-					v.permanent = a.err
-				}
+			v.last = a.err
+			if !transient(a.err) {
+				v.permanent = a.err
 			}
 		case a.v.code == replyGranted:
 			v.granted++
@@ -183,91 +202,87 @@ func countAcquire(as []answer[scriptReply]) (v acquireVotes) {
 	return v
 }
 
-// acquire runs the acquire script on the lock's server, or on a quorum.
-func (c *Client) acquire(ctx context.Context, k *lockKeys, owner interface{}, have, want int, lease, fencing interface{}) (scriptReply, error) {
-	if c.one != nil {
-		return c.one.acquire(ctx, k, owner, have, want, lease, fencing)
-	}
-	n := len(c.nodes)
-	if fencing == "1" {
-		fencing = "2" // every server draws a new token; see acquire.lua
-	}
-	// Grants that arrive after the decision are kept in lateGrants until the
-	// acquisition is known to fail, and given back then (or at once after).
-	var mu sync.Mutex
-	failed := false
-	var lateGrants []*node
-	giveBack := func(nd *node) {
-		_, _ = nd.release(context.WithoutCancel(ctx), k, owner, 0, "0", 0)
-	}
-	as := fanOut(c, func(nd *node) (scriptReply, error) {
-		return nd.acquire(ctx, k, owner, have, want, lease, fencing)
-	}, func(as []answer[scriptReply]) bool {
-		v := countAcquire(as)
-		return v.granted >= c.majority || v.granted+countNoAnswer(as) < c.majority
-	}, func(nd *node, a answer[scriptReply]) {
-		if have > 0 || a.err != nil || a.v.code != replyGranted {
-			return
-		}
-		mu.Lock()
-		f := failed
-		if !f {
-			lateGrants = append(lateGrants, nd)
-		}
-		mu.Unlock()
-		if f {
-			giveBack(nd)
-		}
-	})
-	v := countAcquire(as)
-	if v.granted >= c.majority {
-		if have > 0 || fencing != "2" {
-			return scriptReply{code: replyGranted, val: v.fence}, nil
-		}
-		err := c.raiseFence(ctx, k, v.fence)
-		if err == nil {
-			return scriptReply{code: replyGranted, val: v.fence}, nil
-		}
-		v.last = err
-	}
-	if have == 0 {
-		// Give back the minority we got, so that it blocks nobody.
-		mu.Lock()
-		failed = true
-		late := lateGrants
-		mu.Unlock()
-		for i, a := range as {
-			if a.err == nil && a.v.code == replyGranted {
-				giveBack(c.nodes[i])
-			}
-		}
-		for _, nd := range late {
-			giveBack(nd)
-		}
-	}
-	switch {
-	case have > 0 && v.lost > n-c.majority:
-		return scriptReply{code: replyLost}, nil
-	case v.permanent != nil:
-		return scriptReply{}, v.permanent
-	case v.busy > 0 && have == 0:
-		return scriptReply{code: replyBusy, val: v.wait, split: v.granted > 0}, nil
-	}
-	return scriptReply{}, fmt.Errorf("%w: %d of %d granted (%v)", ErrNoQuorum, v.granted, n, v.last)
+// giveBack gives back what a failed try got on a minority of servers,
+// including grants that arrive after the try was decided, so that it blocks
+// nobody.
+type giveBack struct {
+	mu     sync.Mutex
+	failed bool
+	late   []*node
 }
 
-func countNoAnswer[T any](as []answer[T]) (k int) {
-	for _, a := range as {
-		if a.err == errNoAnswer {
-			k++
+// grantedLate takes a grant that came after the decision: given back at
+// once if the try failed, else kept until it is known.
+func (g *giveBack) grantedLate(ctx context.Context, nd *node, s *lockSpec, owner interface{}) {
+	g.mu.Lock()
+	failed := g.failed
+	if !failed {
+		g.late = append(g.late, nd)
+	}
+	g.mu.Unlock()
+	if failed {
+		rollback(ctx, nd, s, owner)
+	}
+}
+
+// fail gives back every grant of a try that failed.
+func (g *giveBack) fail(ctx context.Context, q *quorum, as []answer[reply], s *lockSpec, owner interface{}) {
+	g.mu.Lock()
+	g.failed = true
+	late := g.late
+	g.mu.Unlock()
+	for i, a := range as {
+		if a.err == nil && a.v.code == replyGranted {
+			late = append(late, q.nodes[i])
 		}
 	}
-	return k
+	for _, nd := range late {
+		rollback(ctx, nd, s, owner)
+	}
+}
+
+func (q *quorum) acquire(ctx context.Context, s *lockSpec, r acquireReq) (reply, error) {
+	if r.fence == fenceOn {
+		r.fence = fenceFresh // every server draws a new token; see acquire.lua
+	}
+	first := r.have == 0
+	var g giveBack
+	as := fanOut(q, func(nd *node) (reply, error) { return nd.acquire(ctx, s, r) },
+		func(as []answer[reply]) bool {
+			v := countAcquire(as)
+			return v.granted >= q.majority || v.granted+v.pending < q.majority
+		},
+		func(nd *node, a answer[reply]) {
+			if first && a.err == nil && a.v.code == replyGranted {
+				g.grantedLate(ctx, nd, s, r.owner)
+			}
+		})
+	v := countAcquire(as)
+	if v.granted >= q.majority {
+		if !first || r.fence == fenceOff {
+			return reply{code: replyGranted, val: v.fence}, nil
+		}
+		if v.last = q.raiseFence(ctx, s, v.fence); v.last == nil {
+			return reply{code: replyGranted, val: v.fence}, nil
+		}
+	}
+	if first {
+		g.fail(ctx, q, as, s, r.owner)
+	}
+	switch {
+	case !first && v.lost > len(q.nodes)-q.majority:
+		return reply{code: replyLost}, nil
+	case v.permanent != nil:
+		return reply{}, v.permanent
+	case v.busy > 0 && first:
+		return reply{code: replyQueued, val: v.wait, split: v.granted > 0}, nil
+	}
+	return reply{}, fmt.Errorf("%w: %d of %d granted (%v)", ErrNoQuorum, v.granted, len(q.nodes), v.last)
 }
 
 // raiseFence writes token back to the fence counters (never lowering them)
 // and succeeds when a majority took it.
-func (c *Client) raiseFence(ctx context.Context, k *lockKeys, token int64) error {
+func (q *quorum) raiseFence(ctx context.Context, s *lockSpec, token int64) error {
 	ok := func(as []answer[interface{}]) (k int) {
 		for _, a := range as {
 			if a.err == nil {
@@ -276,67 +291,73 @@ func (c *Client) raiseFence(ctx context.Context, k *lockKeys, token int64) error
 		}
 		return k
 	}
-	as := fanOut(c, func(n *node) (interface{}, error) {
-		return raiseScript.Run(ctx, n.rdb, k.keys[1:2], token).Result()
-	}, func(as []answer[interface{}]) bool { return ok(as) >= c.majority }, nil)
-	if got := ok(as); got < c.majority {
-		return fmt.Errorf("%w: fence raised on %d of %d", ErrNoQuorum, got, len(c.nodes))
+	as := fanOut(q, func(n *node) (interface{}, error) {
+		cl := &call{s: raiseScript, keys: s.keyArgs[1:2], args: []interface{}{token}}
+		n.send(ctx, n.rdb, []*call{cl}, false, false)
+		return cl.cmd.Result()
+	}, func(as []answer[interface{}]) bool { return ok(as) >= q.majority }, nil)
+	if got := ok(as); got < q.majority {
+		return fmt.Errorf("%w: fence raised on %d of %d", ErrNoQuorum, got, len(q.nodes))
 	}
 	return nil
 }
 
-// release runs the release script on the lock's server, or on a quorum:
-// released when a majority released, not held when no majority can have
-// held it.
-func (c *Client) release(ctx context.Context, k *lockKeys, owner interface{}, want int, lease, seq interface{}) (int64, error) {
-	if c.one != nil {
-		return c.one.release(ctx, k, owner, want, lease, seq)
-	}
-	count := func(as []answer[int64]) (ok, notHeld int, last error) {
+// release releases on every server: released when a majority released, not
+// held when no majority can have held it.
+func (q *quorum) release(ctx context.Context, s *lockSpec, owner interface{}, want int, lease interface{}) (int64, error) {
+	count := func(as []answer[int64]) (ok, notHeld, pending int, last error) {
 		for _, a := range as {
 			switch {
+			case a.err == errNoAnswer:
+				pending++
 			case a.err != nil:
-				if a.err != errNoAnswer {
-					last = a.err
-				}
+				last = a.err
 			case a.v == releaseNotHeld:
 				notHeld++
 			default:
 				ok++
 			}
 		}
-		return ok, notHeld, last
+		return ok, notHeld, pending, last
 	}
 	// A final release waits for every server that answers in time (each
 	// must free its key, so that the next acquisition finds them all free);
 	// a nested one only for a majority.
-	as := fanOut(c, func(n *node) (int64, error) {
-		return n.release(ctx, k, owner, want, lease, seq)
-	}, func(as []answer[int64]) bool {
-		ok, notHeld, _ := count(as)
-		return want > 0 && (ok >= c.majority || notHeld > len(c.nodes)-c.majority)
-	}, nil)
-	ok, notHeld, last := count(as)
+	as := fanOut(q, func(n *node) (int64, error) { return n.release(ctx, s, owner, want, lease) },
+		func(as []answer[int64]) bool {
+			ok, notHeld, _, _ := count(as)
+			return want > 0 && (ok >= q.majority || notHeld > len(q.nodes)-q.majority)
+		}, nil)
+	ok, notHeld, pending, last := count(as)
 	switch {
-	case ok >= c.majority:
-		return 1, nil
-	case notHeld > len(c.nodes)-c.majority:
+	case ok >= q.majority:
+		return releaseDone, nil
+	case notHeld > len(q.nodes)-q.majority:
 		return releaseNotHeld, nil
-	case ok+countNoAnswer(as) >= c.majority:
+	case ok+pending >= q.majority:
 		// The servers that did not answer in time still get the call (it
 		// runs on in the background): asking them again could only find
 		// the fields gone and misreport the hold as lost.
-		return 1, nil
+		return releaseDone, nil
 	}
-	return 0, fmt.Errorf("%w: %d of %d released (%v)", ErrNoQuorum, ok, len(c.nodes), last)
+	return 0, fmt.Errorf("%w: %d of %d released (%v)", ErrNoQuorum, ok, len(q.nodes), last)
 }
 
-// renew renews holds on the lock's server, or on a quorum: renewed where a
-// majority renewed, lost where no majority can have it.
-func (c *Client) renew(ctx context.Context, items []renewItem) []int64 {
-	if c.one != nil {
-		return c.one.renew(ctx, items)
+// leave removes a waiter's entries everywhere, best effort.
+func (q *quorum) leave(ctx context.Context, s *lockSpec, owner interface{}, entry string) error {
+	as := fanOut(q, func(n *node) (struct{}, error) { return struct{}{}, n.leave(ctx, s, owner, entry) },
+		func([]answer[struct{}]) bool { return false }, nil)
+	for _, a := range as {
+		if a.err != nil && a.err != errNoAnswer {
+			return a.err
+		}
 	}
+	return nil
+}
+
+// renew renews holds on every server: renewed where a majority renewed, lost
+// where no majority can have it.
+func (q *quorum) renew(ctx context.Context, items []renewItem) []int64 {
 	tally := func(as []answer[[]int64]) ([]int64, bool) {
 		res := make([]int64, len(items))
 		settled := true
@@ -353,9 +374,9 @@ func (c *Client) renew(ctx context.Context, items []renewItem) []int64 {
 				}
 			}
 			switch {
-			case ok >= c.majority:
+			case ok >= q.majority:
 				res[i] = 1
-			case no > len(c.nodes)-c.majority:
+			case no > len(q.nodes)-q.majority:
 				res[i] = 0
 			default:
 				res[i] = -1
@@ -368,71 +389,65 @@ func (c *Client) renew(ctx context.Context, items []renewItem) []int64 {
 	// other servers must still renew there, or the hold would live on the
 	// fastest majority only and no longer survive the loss of a minority.
 	ctx = context.WithoutCancel(ctx)
-	as := fanOut(c, func(n *node) ([]int64, error) { return n.renew(ctx, items), nil },
+	as := fanOut(q, func(n *node) ([]int64, error) { return n.renew(ctx, items), nil },
 		func(as []answer[[]int64]) bool { _, settled := tally(as); return settled }, nil)
 	res, _ := tally(as)
 	return res
 }
 
-// queueing reports whether waiters use the starvation queue: on a single
-// deployment only.
-func (c *Client) queueing() bool { return c.one != nil }
-
-func (c *Client) enqueue(ctx context.Context, k *lockKeys, owner, entry string, ttl time.Duration, lease, fencing interface{}) (scriptReply, error) {
-	return c.one.enqueue(ctx, k, owner, entry, ttl, lease, fencing)
-}
-
-func (c *Client) leave(ctx context.Context, k *lockKeys, owner, entry string) error {
-	return c.one.leave(ctx, k, owner, entry)
-}
-
-// subAcquire, subRelease, subReady and subPolling manage the waiters'
+// watch, unwatch, ready, polling and close manage the waiters'
 // subscriptions on every node.
-func (c *Client) subAcquire(channel string) {
-	for _, n := range c.nodes {
-		n.sub.acquire(channel)
+func (q *quorum) watch(channel string, create bool) bool {
+	if !create {
+		return false
+	}
+	for _, n := range q.nodes {
+		n.watch(channel, true)
+	}
+	return true
+}
+
+func (q *quorum) unwatch(channel string) {
+	for _, n := range q.nodes {
+		n.unwatch(channel)
 	}
 }
 
-func (c *Client) subRelease(channel string) {
-	for _, n := range c.nodes {
-		n.sub.release(channel)
-	}
-}
-
-// subReady returns a closed channel once enough nodes deliver the channel's
-// messages: one, or for a quorum a majority. A release publishes on every
-// server it releases on, and a hold lives on at least a majority, so any
-// majority of subscriptions hears it; fewer may all be on servers the hold
-// never had. Until then it returns the ready channel of a node still
-// missing.
-func (c *Client) subReady(channel string) <-chan struct{} {
-	need := 1
-	if c.one == nil {
-		need = c.majority
-	}
+// ready returns a closed channel once a majority of nodes deliver the
+// channel's messages. A release publishes on every server it releases on,
+// and a hold lives on at least a majority, so any majority of subscriptions
+// hears it; fewer may all be on servers the hold never had. Until then it
+// returns the ready channel of a node still missing.
+func (q *quorum) ready(channel string) <-chan struct{} {
+	need := q.majority
 	var missing <-chan struct{}
-	for _, n := range c.nodes {
-		r := n.sub.ready(channel)
-		select {
-		case <-r:
-			if need--; need == 0 {
-				return r
-			}
-		default:
+	for _, n := range q.nodes {
+		r := n.ready(channel)
+		if !isClosed(r) {
 			if missing == nil {
 				missing = r
 			}
+			continue
+		}
+		if need--; need == 0 {
+			return r
 		}
 	}
 	return missing
 }
 
-func (c *Client) subPolling() bool {
-	for _, n := range c.nodes {
-		if n.sub.polling() {
+func (q *quorum) polling() bool {
+	for _, n := range q.nodes {
+		if n.polling() {
 			return true
 		}
 	}
 	return false
+}
+
+func (q *quorum) close() {
+	for _, n := range q.nodes {
+		n.close()
+	}
+	q.bg.Wait()
 }

@@ -142,7 +142,7 @@ func TestQuorumPausedServer(t *testing.T) {
 		waitFor(t, "the second Client waiting", func() bool {
 			cb.mu.Lock()
 			defer cb.mu.Unlock()
-			st := cb.locks[mb.k.hash()]
+			st := cb.locks[mb.spec.hash()]
 			return st != nil && len(st.waiters) == 1
 		})
 		select {
@@ -275,14 +275,14 @@ func TestQuorumReentrancyAndWatchdog(t *testing.T) {
 		atThree := 0
 		for i, s := range srvs {
 			rdb := rdbAt(t, s.Addr())
-			counts, err := rdb.HVals(ctx, m.k.hash()).Result()
+			counts, err := rdb.HVals(ctx, m.spec.hash()).Result()
 			if err != nil || len(counts) != 1 {
-				t.Errorf("server %d: hold counts of %s: got %q (%v), want one", i, m.k.hash(), counts, err)
+				t.Errorf("server %d: hold counts of %s: got %q (%v), want one", i, m.spec.hash(), counts, err)
 			} else if counts[0] == "3" {
 				atThree++
 			}
-			if ttl := rdb.PTTL(ctx, m.k.hash()).Val(); ttl <= 0 {
-				t.Errorf("server %d: PTTL %s: got %v, want > 0 (renewed)", i, m.k.hash(), ttl)
+			if ttl := rdb.PTTL(ctx, m.spec.hash()).Val(); ttl <= 0 {
+				t.Errorf("server %d: PTTL %s: got %v, want > 0 (renewed)", i, m.spec.hash(), ttl)
 			}
 		}
 		if atThree < n/2+1 {
@@ -355,7 +355,7 @@ func TestQuorumRestartedServers(t *testing.T) {
 				if err := m.UnlockContext(ctx); err != nil {
 					t.Fatalf("UnlockContext after the restart: got %v, want nil", err)
 				}
-				return rdb.Exists(ctx, m.k.keys[1]).Val() == 1
+				return rdb.Exists(ctx, m.spec.keys[1]).Val() == 1
 			})
 		}
 		reg.CheckSections(t, 3*2*goroutines*rounds)
@@ -397,14 +397,14 @@ func TestQuorumRestartCaveat(t *testing.T) {
 	ma := ca.NewMutex(name)
 	mb := quorumClient(t, srvs).NewMutex(name)
 	third := rdbAt(t, srvs[2].Addr())
-	if err := third.HSet(ctx, ma.k.hash(), "crashed:1", 1).Err(); err != nil {
+	if err := third.HSet(ctx, ma.spec.hash(), "crashed:1", 1).Err(); err != nil {
 		t.Fatal(err)
 	}
 	if err := ma.LockContext(ctx); err != nil {
 		t.Fatalf("LockContext with one server blocked: got %v, want nil", err)
 	}
 	await(t, answered, "the third server's answer to the first Client")
-	if err := third.Del(ctx, ma.k.hash()).Err(); err != nil { // its lease ran out
+	if err := third.Del(ctx, ma.spec.hash()).Err(); err != nil { // its lease ran out
 		t.Fatal(err)
 	}
 	srvs[0].Restart(t)

@@ -42,33 +42,33 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// backend is one Redis to run a behaviour test on.
-type backend struct {
+// testBackend is one Redis to run a behaviour test on.
+type testBackend struct {
 	name string
 	addr string
 	mr   *miniredis.Miniredis // set for miniredis
 	srv  *redistest.Server    // set for a real server
 }
 
-func (b *backend) real() bool { return b.srv != nil }
+func (b *testBackend) real() bool { return b.srv != nil }
 
 // eachBackend runs f as a subtest on miniredis and on the shared real
 // redis-server.
-func eachBackend(t *testing.T, f func(t *testing.T, b *backend)) {
+func eachBackend(t *testing.T, f func(t *testing.T, b *testBackend)) {
 	t.Helper()
 	t.Run("miniredis", func(t *testing.T) {
 		mr := miniredis.RunT(t)
-		f(t, &backend{name: "miniredis", addr: mr.Addr(), mr: mr})
+		f(t, &testBackend{name: "miniredis", addr: mr.Addr(), mr: mr})
 	})
 	t.Run("redis-server", func(t *testing.T) {
 		srv := redistest.Shared(t)
-		f(t, &backend{name: "redis-server", addr: srv.Addr(), srv: srv})
+		f(t, &testBackend{name: "redis-server", addr: srv.Addr(), srv: srv})
 	})
 }
 
 // rdb returns a new go-redis client (its own connection pool, standing for a
 // separate process), closed at the end of the test.
-func (b *backend) rdb(t testing.TB, opts ...func(*redis.Options)) *redis.Client {
+func (b *testBackend) rdb(t testing.TB, opts ...func(*redis.Options)) *redis.Client {
 	t.Helper()
 	o := &redis.Options{Addr: b.addr}
 	for _, f := range opts {
@@ -79,7 +79,7 @@ func (b *backend) rdb(t testing.TB, opts ...func(*redis.Options)) *redis.Client 
 
 // client returns a remutex Client on a new connection pool, closed at the
 // end of the test (before its pool).
-func (b *backend) client(t testing.TB, opts ...Option) *Client {
+func (b *testBackend) client(t testing.TB, opts ...Option) *Client {
 	t.Helper()
 	return clientOn(t, b.rdb(t), opts...)
 }
@@ -144,21 +144,21 @@ func lockName(t testing.TB) string {
 
 // eachFreshBackend is eachBackend with a redis-server of the test's own
 // instead of the shared one, for tests that restart or reconfigure it.
-func eachFreshBackend(t *testing.T, f func(t *testing.T, b *backend), extra ...string) {
+func eachFreshBackend(t *testing.T, f func(t *testing.T, b *testBackend), extra ...string) {
 	t.Helper()
 	t.Run("miniredis", func(t *testing.T) {
 		mr := miniredis.RunT(t)
-		f(t, &backend{name: "miniredis", addr: mr.Addr(), mr: mr})
+		f(t, &testBackend{name: "miniredis", addr: mr.Addr(), mr: mr})
 	})
 	t.Run("redis-server", func(t *testing.T) {
 		srv := redistest.Start(t, extra...)
-		f(t, &backend{name: "redis-server", addr: srv.Addr(), srv: srv})
+		f(t, &testBackend{name: "redis-server", addr: srv.Addr(), srv: srv})
 	})
 }
 
 // restart loses every key, as a restart without persistence does. miniredis
 // is closed, flushed and started again on the same address.
-func (b *backend) restart(t testing.TB) {
+func (b *testBackend) restart(t testing.TB) {
 	t.Helper()
 	if b.real() {
 		b.srv.Restart(t)
@@ -174,14 +174,14 @@ func (b *backend) restart(t testing.TB) {
 // fastForward makes d pass for the TTLs of miniredis, whose keys do not
 // expire in real time; on a real server it does nothing (time passes there
 // by itself).
-func (b *backend) fastForward(d time.Duration) {
+func (b *testBackend) fastForward(d time.Duration) {
 	if b.mr != nil {
 		b.mr.FastForward(d)
 	}
 }
 
 // elapse lets d of real time pass, and as much of miniredis's TTL time.
-func (b *backend) elapse(d time.Duration) {
+func (b *testBackend) elapse(d time.Duration) {
 	time.Sleep(d)
 	b.fastForward(d)
 }
@@ -211,14 +211,6 @@ func waitFor(t testing.TB, what string, cond func() bool) {
 }
 
 // isClosed reports whether ch is closed, without waiting.
-func isClosed(ch <-chan struct{}) bool {
-	select {
-	case <-ch:
-		return true
-	default:
-		return false
-	}
-}
 
 // lockKeyNames are the keys and channel of a lock under the default prefix.
 type lockKeyNames struct {
@@ -227,7 +219,7 @@ type lockKeyNames struct {
 
 func keysOf(name string) lockKeyNames {
 	h := DefaultKeyPrefix + "{" + name + "}"
-	return lockKeyNames{hash: h, fence: h + ":fence", queue: h + ":queue", alive: h + ":queue:alive", channel: h + ":released"}
+	return lockKeyNames{hash: h, fence: h + ":fence", queue: h + ":queue", alive: h + ":queue:alive", channel: h + ":released:"}
 }
 
 // hookFuncs is a go-redis hook made of optional functions; a nil one passes
@@ -443,7 +435,6 @@ func (l *errorLog) await(t testing.TB, target error, timeout time.Duration, what
 // scriptNames maps the SHA1 of each of the library's scripts to its name.
 var scriptNames = map[string]string{
 	acquireScript.Hash(): "acquire",
-	enqueueScript.Hash(): "enqueue",
 	releaseScript.Hash(): "release",
 	leaveScript.Hash():   "leave",
 	renewScript.Hash():   "renew",

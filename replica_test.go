@@ -53,9 +53,9 @@ func TestReplicaAckSurvivesFailover(t *testing.T) {
 	if ok, err := mb.TryLockContext(ctx); ok || err != nil {
 		t.Fatalf("TryLockContext on the promoted replica while the first hold's lease runs: got (%v, %v), want (false, nil)", ok, err)
 	}
-	owners, err := rdb.HKeys(ctx, ma.k.hash()).Result()
+	owners, err := rdb.HKeys(ctx, ma.spec.hash()).Result()
 	if err != nil || len(owners) != 1 || !strings.HasPrefix(owners[0], a.id+":") {
-		t.Errorf("owners of %s on the promoted replica: got %q (%v), want one of Client %s", ma.k.hash(), owners, err, a.id)
+		t.Errorf("owners of %s on the promoted replica: got %q (%v), want one of Client %s", ma.spec.hash(), owners, err, a.id)
 	}
 	if isClosed(lostA) {
 		t.Errorf("first holder: Lost closed right after the failover, want it held until its lease runs out")
@@ -99,8 +99,8 @@ func TestReplicaFailoverWithoutAck(t *testing.T) {
 	if ok, err := mAcked.TryLockContext(ctx); ok || !errors.Is(err, ErrTooFewReplicas) {
 		t.Fatalf("TryLockContext with WithReplicaAck(1, 100ms) and replication held: got (%v, %v), want (false, ErrTooFewReplicas)", ok, err)
 	}
-	if n := prdb.Exists(ctx, mAcked.k.hash()).Val(); n != 0 {
-		t.Fatalf("EXISTS %s on the primary after the refused acquisition: got %d, want 0", mAcked.k.hash(), n)
+	if n := prdb.Exists(ctx, mAcked.spec.hash()).Val(); n != 0 {
+		t.Fatalf("EXISTS %s on the primary after the refused acquisition: got %d, want 0", mAcked.spec.hash(), n)
 	}
 
 	a := clientOn(t, rdbAt(t, p.Primary.Addr()))
@@ -109,8 +109,8 @@ func TestReplicaFailoverWithoutAck(t *testing.T) {
 		t.Fatalf("LockContext without WithReplicaAck: got %v, want nil", err)
 	}
 	rrdb := rdbAt(t, p.Replica.Addr())
-	if n := rrdb.Exists(ctx, ma.k.hash()).Val(); n != 0 {
-		t.Fatalf("EXISTS %s on the replica while replication is held: got %d, want 0", ma.k.hash(), n)
+	if n := rrdb.Exists(ctx, ma.spec.hash()).Val(); n != 0 {
+		t.Fatalf("EXISTS %s on the replica while replication is held: got %d, want 0", ma.spec.hash(), n)
 	}
 	p.Primary.Stop()
 	promote(t, p.Replica)

@@ -2,17 +2,14 @@ package remutex
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 )
 
 // watchdog renews every hold of a Client. One goroutine does it, started with
 // the first hold and stopped and joined by Close; it keeps no goroutine or
 // timer per lock. Holds that are due are renewed together: one script call per
-// cluster slot (one in all on a single node), sent in one pipeline. The
+// cluster slot (one in all on a single node), sent in one pipeline (see
+// node.renew). The
 // pipeline runs in a helper goroutine the watchdog owns, so that a reply that
 // never comes cannot keep the watchdog from declaring holds lost when their
 // validity deadline passes.
@@ -31,10 +28,6 @@ type watchdog struct {
 	quit    chan struct{}
 	done    chan struct{}
 }
-
-// maxBatch bounds the keys of one renewal script call, so that the server is
-// never busy for long in one script.
-const maxBatch = 500
 
 // addLocked starts tracking h, starting the goroutine on first use.
 func (w *watchdog) addLocked(h *hold) {
@@ -62,7 +55,7 @@ func (w *watchdog) addLocked(h *hold) {
 // renewWindow is how early a hold may be renewed: when one hold is due, every
 // hold past half its renewal interval goes along, so that holds taken at
 // different moments come to share one round trip per interval.
-func renewWindow(h *hold) time.Duration { return h.m.lease / 6 }
+func renewWindow(h *hold) time.Duration { return h.m.spec.lease / 6 }
 
 func (w *watchdog) removeLocked(h *hold) {
 	delete(w.holds, h)
@@ -138,7 +131,7 @@ func (w *watchdog) scan(busy bool) (due []*hold, lost []notice) {
 		if !now.Before(h.valid) {
 			cause := errExpired
 			if !h.m.renew {
-				cause = errLeaseEnded
+				cause = errLeaseEnd
 			}
 			lost = append(lost, c.loseLocked(h, cause)...)
 			continue
@@ -172,8 +165,6 @@ func (w *watchdog) scan(busy bool) (due []*hold, lost []notice) {
 	return due, lost
 }
 
-var errLeaseEnded = errors.New("the fixed lease ran out (WithoutRenewal)")
-
 func earliest(a, b time.Time) time.Time {
 	if b.Before(a) {
 		return b
@@ -181,129 +172,24 @@ func earliest(a, b time.Time) time.Time {
 	return a
 }
 
-// renew sends one pipelined round trip per server renewing holds, and passes
-// the outcome back.
+// renew sends the renewal of holds and passes the outcome back. What it
+// needs of the holds is read under c.mu: their goroutines change them.
 func (w *watchdog) renew(ctx context.Context, holds []*hold, out chan<- *renewal) {
 	c := w.c
 	r := &renewal{holds: holds, sent: time.Now()}
-	// A reply later than the earliest deadline is useless: stop waiting then.
-	deadline := holds[0].valid
 	items := make([]renewItem, len(holds))
 	c.mu.Lock()
+	// A reply later than the earliest deadline is useless: stop waiting then.
+	deadline := holds[0].valid
 	for i, h := range holds {
 		deadline = earliest(deadline, h.valid)
-		items[i] = renewItem{key: h.m.k.hash(), owner: h.ownerArg, lease: h.m.leaseArg}
+		items[i] = renewItem{key: h.m.spec.hash(), owner: h.ownerArg, lease: h.m.spec.leaseArg}
 	}
 	c.mu.Unlock()
 	ctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
-	r.res = c.renew(ctx, items)
+	r.res = c.be.renew(ctx, items)
 	out <- r
-}
-
-// renewItem is one hold to renew: its lock's hash key, owner token and lease.
-type renewItem struct {
-	key          string
-	owner, lease interface{}
-}
-
-// renew renews items on this node: one script call per cluster slot (one in
-// all on a single server, at most maxBatch keys each), in one pipeline per
-// server. Results per item: 1 renewed, 0 not ours, -1 failed.
-func (n *node) renew(ctx context.Context, items []renewItem) []int64 {
-	c := n.c
-	res := make([]int64, len(items))
-	groups := map[int][]int{}
-	for i, it := range items {
-		slot := 0
-		if n.cluster {
-			slot = keySlot(it.key)
-		}
-		groups[slot] = append(groups[slot], i)
-	}
-	type call struct {
-		idx  []int
-		keys []string
-		args []interface{}
-		cmd  *redis.Cmd
-		acks *redis.IntCmd // WithReplicaAck: the WAIT after this call's pipeline
-	}
-	var calls []*call
-	for _, g := range groups {
-		for len(g) > 0 {
-			k := min(len(g), maxBatch)
-			cl := &call{idx: g[:k], keys: make([]string, k), args: make([]interface{}, 0, 2*k)}
-			for j, i := range g[:k] {
-				cl.keys[j] = items[i].key
-				cl.args = append(cl.args, items[i].owner, items[i].lease)
-			}
-			calls = append(calls, cl)
-			g = g[k:]
-		}
-	}
-	// One pipeline per server: with WithReplicaAck its WAIT must share the
-	// connection of the writes it waits for. Without it, everything goes in
-	// one pipeline (go-redis splits a cluster pipeline by node).
-	byTarget := map[redis.Cmdable][]*call{}
-	for _, cl := range calls {
-		target := redis.Cmdable(n.rdb)
-		if c.ackReplicas > 0 {
-			var err error
-			if target, err = n.nodeFor(ctx, cl.keys[0]); err != nil {
-				cl.cmd = redis.NewCmd(ctx)
-				cl.cmd.SetErr(err)
-				continue
-			}
-		}
-		byTarget[target] = append(byTarget[target], cl)
-	}
-	run := func(eval bool) {
-		for target, cls := range byTarget {
-			pipe := target.Pipeline()
-			for _, cl := range cls {
-				if eval {
-					cl.cmd = renewScript.Eval(ctx, pipe, cl.keys, cl.args...)
-				} else {
-					cl.cmd = renewScript.EvalSha(ctx, pipe, cl.keys, cl.args...)
-				}
-			}
-			if c.ackReplicas > 0 {
-				acks := redis.NewIntCmd(ctx, "wait", c.ackReplicas, c.ackTimeout.Milliseconds())
-				_ = pipe.Process(ctx, acks)
-				for _, cl := range cls {
-					cl.acks = acks
-				}
-			}
-			_, _ = pipe.Exec(ctx)
-		}
-	}
-	run(false)
-	for _, cl := range calls {
-		if redis.HasErrorPrefix(cl.cmd.Err(), "NOSCRIPT") {
-			run(true) // the server lost its scripts (SCRIPT FLUSH, restart)
-			break
-		}
-	}
-	for _, cl := range calls {
-		vals, err := cl.cmd.Slice()
-		if err == nil && cl.acks != nil {
-			if got, aerr := cl.acks.Result(); aerr != nil || got < int64(c.ackReplicas) {
-				err = fmt.Errorf("%w: %d of %d within %v", ErrTooFewReplicas, got, c.ackReplicas, c.ackTimeout)
-			}
-		}
-		for j, i := range cl.idx {
-			res[i] = -1
-			if err == nil && j < len(vals) {
-				if v, ok := vals[j].(int64); ok {
-					res[i] = v
-				}
-			}
-		}
-		if err != nil && !errors.Is(err, context.Canceled) {
-			c.log.Warn("remutex: renewal failed", "locks", len(cl.idx), "err", err)
-		}
-	}
-	return res
 }
 
 // apply records the outcome of a renewal round trip.
@@ -321,35 +207,16 @@ func (w *watchdog) apply(r *renewal) (news []notice) {
 		case r.res[i] == 0:
 			news = append(news, c.loseLocked(h, errDenied)...)
 		case r.res[i] == 1 && now.Before(h.valid):
-			h.valid = r.sent.Add(validity(h.m.lease))
-			h.next = r.sent.Add(h.m.lease / 3)
+			h.extendLocked(r.sent)
+			h.next = r.sent.Add(h.m.spec.lease / 3)
 			if c.hook != nil {
 				news = append(news, notice{ev: h.event(EventRenewed, now.Sub(r.sent), nil)})
 			}
 		default:
 			// Failed or too late: try again soon; scan loses the hold when
 			// its deadline passes first.
-			h.next = now.Add(max(h.m.lease/12, 5*time.Millisecond))
+			h.next = now.Add(max(h.m.spec.lease/12, 5*time.Millisecond))
 		}
 	}
 	return news
-}
-
-// keySlot is Redis Cluster's slot of key: CRC16 of its hash tag mod 16384.
-func keySlot(key string) int {
-	if tag := hashTag(key); tag != "" {
-		key = tag
-	}
-	var crc uint16
-	for i := 0; i < len(key); i++ {
-		crc ^= uint16(key[i]) << 8
-		for b := 0; b < 8; b++ {
-			if crc&0x8000 != 0 {
-				crc = crc<<1 ^ 0x1021
-			} else {
-				crc <<= 1
-			}
-		}
-	}
-	return int(crc) % 16384
 }

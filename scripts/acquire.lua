@@ -1,70 +1,103 @@
--- acquire: ARGV = owner, expected count, wanted count, lease ms ('0' keeps
--- the TTL), fencing '0' off | '1' on | '2' on, always a new token (quorum),
--- publish command, channel.
--- Returns {1, fence} granted; {0, pttl} held by another; {2, pttl} waiters
--- are queued (starvation mode: no barging, the caller queues at once);
--- {-1, 0} a nested acquire found the hold gone.
-local owner, expected, wanted, lease = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local fencing = ARGV[5] ~= '0'
+-- acquire: take the lock, raise a hold's count, or wait in the lock's queue.
+--
+-- KEYS = hash (owner -> hold count), fence counter, queue (entry -> arrival,
+-- server µs), queue:alive (entry -> liveness deadline, server ms); all begin
+-- with P{N}, so they share one cluster slot.
+-- ARGV = owner, count the caller has, count it wants, lease ms ('0' keeps the
+-- TTL), fencing ('0' off, '1' on, '2' always a new token: quorum), wait id
+-- ('' for TryLock: never queue), entry ttl ms, claim ms, starvation threshold
+-- µs, publish command, channel prefix.
+--
+-- Returns {1, fence} granted (or already ours: a resend, or a grant that
+-- reached the waiter before its message); {0, pttl} held by another;
+-- {2, pttl} held by another and the caller waits in the queue (entry added
+-- or its liveness refreshed); {-1, 0} a nested acquire found its hold gone.
+--
+-- Counts are absolute: applied twice, a call changes nothing the second time.
+local hash, queue = KEYS[1], KEYS[3]
+local owner, have, want, lease, fencing = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 
-local function grant()
-  if fencing then
-    local bad = type_ok(fencekey, 'string')
-    if bad then return bad end
-  end
-  redis.call('hset', hash, owner, wanted)
-  redis.call('pexpire', hash, lease)
+-- The free path first, with nothing built before it: no holder, nobody
+-- queued. A fence counter that cannot be incremented falls through to the
+-- slow path, which names the key.
+if have == '0' and redis.call('exists', hash, queue, KEYS[4]) == 0 then
   local f = 0
-  if fencing then f = tonumber(next_fence()) end
-  return {1, f}
+  if fencing ~= '0' then
+    f = redis.pcall('incr', KEYS[2])
+    if f == 1 then
+      -- No counter (first use, or Redis lost it): seed it from the server
+      -- clock in µs, so tokens keep rising across a restart.
+      local t = redis.call('time')
+      local seed = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
+      redis.call('set', KEYS[2], seed)
+      f = tonumber(seed)
+    end
+  end
+  if type(f) == 'number' then
+    redis.call('hset', hash, owner, want)
+    redis.call('pexpire', hash, lease)
+    return {1, f}
+  end
 end
 
-local held = -2
-if expected == '0' then held = redis.call('pttl', hash) end
-if expected == '0' and held == -2 then
-  -- Free. The common case, nobody queued, takes four commands.
-  if redis.call('exists', queue, alive) == 0 then return grant() end
-  local bad = queue_types_ok()
-  if bad then return bad end
-  local now = now_ms()
-  prune(now)
-  if redis.call('exists', queue) == 1 then
-    -- Free, but waiters are queued and nobody handed it on (the last holder
-    -- expired): hand it to the head now and make this caller queue.
-    grant_head(now, ARGV[6], ARGV[7])
-    return {2, pttl_of(hash)}
-  end
-  return grant()
-end
+--#include queue.lua
 
 local cur = redis.pcall('hget', hash, owner)
-if type(cur) == 'table' then return type_ok(hash, 'hash') end
+if type(cur) == 'table' then return type_error(hash, 'hash') end
 
-if expected ~= '0' then
+if have ~= '0' then
+  -- Nested: the hold must still be ours.
   if not cur then return {-1, 0} end
-  redis.call('hset', hash, owner, wanted)
+  redis.call('hset', hash, owner, want)
   if lease ~= '0' then redis.call('pexpire', hash, lease) end
   return {1, 0}
 end
 
+local bad = (fencing ~= '0' and counter_error()) or queue_error()
+if bad then return bad end
+
+local entry = nil
+if ARGV[6] ~= '' then
+  local f = '1'
+  if fencing == '0' then f = '0' end
+  entry = entry_of(ARGV[8], f, ARGV[6], owner)
+end
+
 if cur then
-  -- Our field already exists: this call is a resend of one that was applied.
-  -- Counts are absolute, so applying it again changes nothing. A quorum asks
-  -- for a new token all the same: its field may be left from an attempt that
-  -- did not win a majority.
-  redis.call('hset', hash, owner, wanted)
+  -- Our field exists: a resend of an acquire that was applied, or a queue
+  -- grant this waiter has not heard of yet. Set the full lease.
+  redis.call('hset', hash, owner, want)
   redis.call('pexpire', hash, lease)
+  if entry then drop_entry(entry) end
   local f = 0
-  if ARGV[5] == '2' then
-    f = tonumber(next_fence())
-  elseif fencing then
-    f = tonumber(redis.call('get', fencekey) or next_fence())
+  if fencing == '2' then
+    f = next_fence()
+  elseif fencing == '1' then
+    f = tonumber(redis.call('get', fence_key) or next_fence())
   end
   return {1, f}
 end
 
--- Held by another owner. While waiters are queued, say so: the caller then
--- queues at once instead of competing in normal mode first.
-if held < 0 then held = 0 end
-if redis.call('exists', queue) == 1 then return {2, held} end
-return {0, held}
+local now = now_us()
+if redis.call('exists', hash) == 0 then
+  -- Free, with waiters queued.
+  prune(now)
+  local head, arrived = queue_head()
+  if not head or head == entry or not starving(arrived, now) then
+    -- Nobody left, the caller is the head, or normal mode lets it barge.
+    -- (The first write must be one Redis refuses when out of memory: after
+    -- any write, a script may write on past maxmemory.)
+    local f = 0
+    if fencing ~= '0' then f = next_fence() end
+    redis.call('hset', hash, owner, want)
+    redis.call('pexpire', hash, lease)
+    if entry then drop_entry(entry) end
+    return {1, f}
+  end
+  -- Starvation mode, and nobody handed it on (the last holder expired):
+  -- the head gets it now; the caller queues.
+  grant_head(now, true)
+end
+if not entry then return {0, pttl_of(hash)} end
+enqueue(entry, now, tonumber(ARGV[7]))
+return {2, pttl_of(hash)}

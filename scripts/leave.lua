@@ -1,12 +1,21 @@
 -- leave: a queued waiter gives up. Removes its entry and, if the lock was
--- granted to it in the meantime, releases that grant so nobody waits for a
--- holder that does not know it holds.
--- ARGV = owner, entry, publish command, channel. Returns 1 if a grant was
--- released, else 0.
+-- handed to it in the meantime, releases that grant, so that nobody waits for
+-- a holder that does not know it holds.
+--
+-- KEYS = hash, fence counter, queue, queue:alive (see acquire.lua).
+-- ARGV = owner, entry, starvation threshold µs, publish command, channel
+-- prefix. Returns 1 if a grant was released, else 0.
+local hash, queue = KEYS[1], KEYS[3]
 local owner, entry = ARGV[1], ARGV[2]
 if type(redis.pcall('zrem', queue, entry)) == 'table' then return 0 end
-redis.pcall('zrem', alive, entry)
+redis.pcall('zrem', KEYS[4], entry)
 if redis.pcall('hexists', hash, owner) ~= 1 then return 0 end
 redis.call('hdel', hash, owner)
-if redis.call('exists', hash) == 0 then on_free(ARGV[3], ARGV[4]) end
+if redis.call('exists', hash) == 1 then return 1 end
+
+--#include queue.lua
+
+local now = now_us()
+prune(now)
+grant_head(now, false)
 return 1

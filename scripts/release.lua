@@ -1,41 +1,31 @@
--- release: ARGV = owner, wanted count, lease ms ('0' keeps the TTL), hold
--- sequence number (unique per owner), marker ttl ms, publish command, channel.
--- Returns 0 not held; 1 released or count lowered; 2 released and handed to
--- the head of the starvation queue.
-local owner, wanted, lease = ARGV[1], ARGV[2], ARGV[3]
-local relid = owner .. '#' .. ARGV[4]
+-- release: lower a hold's count, or end the hold and pass the lock on.
+--
+-- KEYS = hash, fence counter, queue, queue:alive (see acquire.lua).
+-- ARGV = owner, count wanted, lease ms ('0' keeps the TTL), starvation
+-- threshold µs, publish command, channel prefix.
+-- Returns 0 not held; 1 done; 2 done and handed to the head of the queue.
+--
+-- A final release leaves no marker: a resent one finds nothing and answers 0,
+-- and the caller, which sent it inside the hold's validity, knows that the
+-- lock was still its own when the critical section ended (see doc.go).
+local hash, queue = KEYS[1], KEYS[3]
+local owner, want = ARGV[1], ARGV[2]
 
--- How many final releases keep their marker: enough that other holders'
--- releases between a release and its resend do not push it out.
-local markers = 32
-
-if wanted ~= '0' then
-  -- a key of another type answers an error table: not ours
+if want ~= '0' then
+  -- A key of another type answers an error table: not ours.
   if redis.pcall('hexists', hash, owner) ~= 1 then return 0 end
-  redis.call('hset', hash, owner, wanted)
-  if lease ~= '0' then redis.call('pexpire', hash, lease) end
+  redis.call('hset', hash, owner, want)
+  if ARGV[3] ~= '0' then redis.call('pexpire', hash, ARGV[3]) end
   return 1
 end
 
-local n = redis.pcall('hdel', hash, owner)
-if type(n) == 'table' then return 0 end -- the key holds another type: not ours
-if n == 0 then
-  -- A final release sent twice finds its own marker: report success again.
-  local seen = redis.pcall('lrange', last, 0, markers - 1)
-  if type(seen) == 'table' and not seen.err then
-    for i = 1, #seen do
-      if seen[i] == relid then return 1 end
-    end
-  end
-  return 0
-end
+if redis.pcall('hdel', hash, owner) ~= 1 then return 0 end
+-- Nobody queued: nothing to publish. (A field left by another owner keeps
+-- the lock held; its holder's release or lease ends it.)
+if redis.call('exists', hash, queue) ~= 1 or redis.call('exists', hash) == 1 then return 1 end
 
--- A rollback (sequence number '0' or '': an acquisition that failed, a
--- grant that came too late) has no caller that could resend it: no marker.
-local rollback = ARGV[4] == '0' or ARGV[4] == ''
-if not rollback and type(redis.pcall('lpush', last, relid)) == 'number' then
-  redis.call('ltrim', last, 0, markers - 1)
-  redis.call('pexpire', last, ARGV[5])
-end
-if redis.call('exists', hash) == 1 then return 1 end
-return on_free(ARGV[6], ARGV[7])
+--#include queue.lua
+
+local now = now_us()
+prune(now)
+return grant_head(now, false)

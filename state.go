@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"strings"
 	"time"
 )
 
@@ -16,55 +15,16 @@ var (
 	errHoldGone = errors.New("the lock's key no longer holds this owner (expired, deleted or overwritten)")
 	errExpired  = errors.New("no renewal succeeded before the lease's validity deadline")
 	errDenied   = errors.New("renewal found the lock no longer held by this owner (its key expired, was deleted, or is held by another)")
+	errLeaseEnd = errors.New("the fixed lease ran out (WithoutRenewal)")
 )
 
 // closedChan is what Lost returns to a goroutine that holds nothing.
 var closedChan = func() chan struct{} { ch := make(chan struct{}); close(ch); return ch }()
 
-// lockKeys are the keys and channel of one lock, computed once per DistMutex,
-// boxed once for script calls.
-type lockKeys struct {
-	keys       [5]string // hash, fence, queue, queue:alive, last
-	args       []interface{}
-	channel    string
-	channelArg interface{}
-}
-
-func newLockKeys(prefix, name string) lockKeys {
-	hash := prefix + "{" + name + "}"
-	k := lockKeys{
-		keys:    [5]string{hash, hash + ":fence", hash + ":queue", hash + ":queue:alive", hash + ":last"},
-		channel: hash + ":released",
-	}
-	k.args = make([]interface{}, len(k.keys))
-	for i, s := range k.keys {
-		k.args[i] = s
-	}
-	k.channelArg = k.channel
-	return k
-}
-
-func (k *lockKeys) hash() string { return k.keys[0] }
-
-// hashTag returns the part of key Redis Cluster hashes: the text between the
-// first '{' and the next '}', or "" when that is empty or missing.
-func hashTag(key string) string {
-	_, rest, ok := strings.Cut(key, "{")
-	if !ok {
-		return ""
-	}
-	tag, _, ok := strings.Cut(rest, "}")
-	if !ok {
-		return ""
-	}
-	return tag
-}
-
 // lockState is a Client's local view of one lock: the holds of its
 // goroutines and its local waiters in arrival order. DistMutex values of the
 // same name share it.
 type lockState struct {
-	key     string
 	holds   []*hold   // reentrant holds; at most one valid, lost ones until unlocked
 	extra   int       // NonReentrant holds, which live on their DistMutex
 	waiters []*waiter // FIFO
@@ -81,7 +41,6 @@ type hold struct {
 	m        *DistMutex
 	owner    string
 	ownerArg interface{}
-	relID    interface{} // unique per hold (with owner): marks its final release
 	gid      int64
 	count    int
 	fence    int64
@@ -106,19 +65,27 @@ func (h *hold) lostChanLocked() chan struct{} {
 }
 
 // extendLocked moves the validity deadline forward after a successful call
-// that set the full lease.
-func (h *hold) extendLocked(valid time.Time) {
-	if h.lostErr == nil && valid.After(h.valid) {
+// that set the full lease at sent. (The next renewal stays where it is: a
+// nested call's reply races with the watchdog's renewals.)
+func (h *hold) extendLocked(sent time.Time) {
+	if valid := sent.Add(validity(h.m.spec.lease)); h.lostErr == nil && valid.After(h.valid) {
 		h.valid = valid
 	}
 }
 
+// validity is how long a grant of d (a lease or a claim lease) counts as
+// valid on the local clock, from the send time of the call that made it: d
+// minus a drift margin of d/40 + 5ms for clock-rate differences and the
+// watchdog waking late on a loaded machine. Renewal comes every lease/3, so a
+// wide margin costs nothing while Redis answers.
+func validity(d time.Duration) time.Duration { return d - d/40 - 5*time.Millisecond }
+
 // waiter is a goroutine waiting in Lock or LockContext.
 type waiter struct {
 	ev      chan struct{} // capacity 1: something happened, look again
-	entry   string        // its entry in the Redis queue, "" in normal mode
-	granted bool          // the queue handed it the lock (grant message)
-	fence   int64
+	entry   string        // its entry in the Redis queue; "" until queued
+	granted bool          // the queue handed it the lock (a grant message)
+	fence   int64         // the grant's fencing token
 }
 
 func (w *waiter) signal() {
@@ -130,12 +97,12 @@ func (w *waiter) signal() {
 
 // stateLocked returns the lock's state, creating it if needed.
 func (c *Client) stateLocked(m *DistMutex) *lockState {
-	key := m.k.hash()
+	key := m.spec.hash()
 	if st, ok := c.locks[key]; ok {
 		return st
 	}
 	c.sweepLocked()
-	st := &lockState{key: key}
+	st := &lockState{}
 	c.locks[key] = st
 	return st
 }
@@ -175,7 +142,7 @@ func (m *DistMutex) holdLocked(gid int64) *hold {
 	if !m.reentrant {
 		return m.nr
 	}
-	st := m.c.locks[m.k.hash()]
+	st := m.c.locks[m.spec.hash()]
 	if st == nil {
 		return nil
 	}
@@ -202,17 +169,15 @@ func (m *DistMutex) addHoldLocked(h *hold) {
 func (m *DistMutex) dropHoldLocked(h *hold) {
 	c := m.c
 	c.wd.removeLocked(h)
-	st := c.locks[m.k.hash()]
+	st := c.locks[m.spec.hash()]
+	if st == nil {
+		return
+	}
 	if !m.reentrant {
 		if m.nr == h {
 			m.nr = nil
-			if st != nil {
-				st.extra--
-			}
+			st.extra--
 		}
-		return
-	}
-	if st == nil {
 		return
 	}
 	for i, x := range st.holds {
@@ -220,26 +185,6 @@ func (m *DistMutex) dropHoldLocked(h *hold) {
 			st.holds = append(st.holds[:i], st.holds[i+1:]...)
 			break
 		}
-	}
-}
-
-// wakeHeadLocked tells the first local waiter in normal mode (or, if all are
-// queued in Redis, the first one) to try again.
-func (m *DistMutex) wakeHeadLocked() {
-	if st := m.c.locks[m.k.hash()]; st != nil {
-		st.wakeHeadLocked()
-	}
-}
-
-func (st *lockState) wakeHeadLocked() {
-	for _, w := range st.waiters {
-		if w.entry == "" {
-			w.signal()
-			return
-		}
-	}
-	if len(st.waiters) > 0 {
-		st.waiters[0].signal()
 	}
 }
 
@@ -264,7 +209,7 @@ func (c *Client) loseLocked(h *hold, cause error) []notice {
 		close(h.lostCh)
 	}
 	c.wd.removeLocked(h)
-	c.log.Warn("remutex: lock lost", "lock", h.m.name, "owner", h.owner, "fence", h.fence, "cause", cause.Error())
+	c.log.Warn("remutex: lock lost", "lock", h.m.spec.name, "owner", h.owner, "fence", h.fence, "cause", cause.Error())
 	err := h.m.wrap(h.lostErr)
 	return []notice{{err: err, ev: h.event(EventLost, time.Since(h.acquired), err)}}
 }
@@ -275,4 +220,21 @@ func jitter(d time.Duration) time.Duration {
 		return 0
 	}
 	return rand.N(d)
+}
+
+// backoff is capped exponential backoff with jitter: by default from 10ms to
+// 1s, for transient errors.
+type backoff struct{ d, first, limit time.Duration }
+
+func (b *backoff) next() time.Duration {
+	if b.first == 0 {
+		b.first, b.limit = 10*time.Millisecond, time.Second
+	}
+	switch {
+	case b.d == 0:
+		b.d = b.first
+	case b.d < b.limit:
+		b.d = min(2*b.d, b.limit)
+	}
+	return b.d/2 + jitter(b.d/2)
 }

@@ -1,0 +1,195 @@
+package remutex
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"reflect"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// DefaultKeyPrefix is the key prefix of a Client without WithKeyPrefix.
+const DefaultKeyPrefix = "remutex:"
+
+// Client is a set of distributed mutexes on one Redis deployment. It owns one
+// pub/sub connection (waiters are woken by messages, not by polling) and one
+// watchdog goroutine that renews every hold of its mutexes. Create it with
+// NewClient and stop it with Close; a Client is safe for concurrent use and
+// must not be copied.
+//
+// Each Client stands for one owner process: two Clients on the same Redis
+// exclude each other exactly as two processes do.
+type Client struct {
+	_       noCopy
+	id      string // random 128 bits, hex: the owner-token prefix of every hold
+	prefix  string
+	log     *slog.Logger
+	onError func(error)
+	hook    func(Event)
+	ack     replicaAck // WithReplicaAck; zero: none
+	be      backend    // where the locks live: a node or a quorum
+
+	closing chan struct{} // closed by Close
+
+	mu      sync.Mutex
+	closed  bool
+	locks   map[string]*lockState // by hash key; see state.go
+	sweepAt int                   // registry size at which sweepLocked looks again
+	seq     uint64                // wait ids and NonReentrant owner tokens
+
+	wd watchdog
+}
+
+// Option configures a Client.
+type Option func(*Client)
+
+// WithKeyPrefix sets the prefix of every key and channel of the Client's
+// locks. Default: "remutex:". Clients that must exclude each other need the
+// same prefix. A prefix containing '{' or '}' panics in NewClient: it would
+// change which part of a key Redis Cluster hashes, putting every lock in one
+// slot or breaking the slot the keys of a lock share.
+func WithKeyPrefix(prefix string) Option {
+	return func(c *Client) {
+		if strings.ContainsAny(prefix, "{}") {
+			panic(fmt.Sprintf("remutex: WithKeyPrefix(%q): a prefix must not contain '{' or '}' (the lock name is the key's cluster hash tag)", prefix))
+		}
+		c.prefix = prefix
+	}
+}
+
+// WithLogger sets the logger for lost leases, retried errors and the
+// fallback to polling. Default: slog.Default(), with records below Warn
+// discarded. A nil logger panics in NewClient.
+func WithLogger(l *slog.Logger) Option {
+	return func(c *Client) {
+		if l == nil {
+			panic("remutex: WithLogger: nil logger")
+		}
+		c.log = l
+	}
+}
+
+// WithErrorHandler sets a function that hears of the errors Lock, Unlock and
+// TryLock cannot return: lost holds, and transient errors they retried. It is
+// called from the goroutine that met the error (the watchdog for lost
+// leases) and must not block. Default: none (errors are only logged).
+func WithErrorHandler(f func(error)) Option {
+	return func(c *Client) { c.onError = f }
+}
+
+// WithReplicaAck makes every acquisition and renewal wait until at least n
+// replicas acknowledged its write (Redis WAIT, pipelined with the write: no
+// extra round trip), for at most timeout. An acquisition that fewer replicas
+// acknowledged is rolled back and fails with ErrTooFewReplicas (Lock retries
+// it); a renewal that fewer acknowledged counts as failed, so a hold that
+// cannot keep n replicas up to date is lost when its validity ends. A lock
+// handed to a waiter by a release is confirmed by an acknowledged call of
+// that waiter before its Lock returns. With it, a lock survives the
+// promotion of an acknowledging replica after the primary fails; without
+// it, a failover can lose a just-acquired lock and let a second holder in.
+// timeout must be shorter than the redis client's ReadTimeout. Default: no
+// acknowledgement (n = 0). n < 1 or timeout <= 0 panics in NewClient.
+func WithReplicaAck(n int, timeout time.Duration) Option {
+	return func(c *Client) {
+		if n < 1 || timeout <= 0 {
+			panic(fmt.Sprintf("remutex: WithReplicaAck(%d, %v): need n >= 1 and timeout > 0", n, timeout))
+		}
+		c.ack = replicaAck{replicas: n, timeout: timeout}
+	}
+}
+
+// NewClient returns a Client that keeps its locks in rdb, which may be a
+// *redis.Client, a *redis.ClusterClient, or a failover client. It sends no
+// command until a mutex is used. It panics if rdb is nil or an option is
+// invalid.
+func NewClient(rdb redis.UniversalClient, opts ...Option) *Client {
+	if isNil(rdb) {
+		panic("remutex: NewClient: nil redis client")
+	}
+	c := newClient("NewClient", opts)
+	c.be = newNode(c, rdb, starveAfter)
+	return c
+}
+
+// newClient applies opts to a new Client without a backend.
+func newClient(fn string, opts []Option) *Client {
+	var id [16]byte
+	if _, err := rand.Read(id[:]); err != nil {
+		panic("remutex: " + fn + ": crypto/rand: " + err.Error())
+	}
+	c := &Client{
+		id:      hex.EncodeToString(id[:]),
+		prefix:  DefaultKeyPrefix,
+		closing: make(chan struct{}),
+		locks:   make(map[string]*lockState),
+	}
+	for _, o := range opts {
+		if o == nil {
+			panic("remutex: " + fn + ": nil option")
+		}
+		o(c)
+	}
+	if c.log == nil {
+		c.log = slog.New(warnHandler{slog.Default().Handler()})
+	}
+	c.wd.c = c
+	return c
+}
+
+func isNil(v interface{}) bool {
+	if v == nil {
+		return true
+	}
+	rv := reflect.ValueOf(v)
+	return rv.Kind() == reflect.Pointer && rv.IsNil()
+}
+
+// Close stops the Client: its watchdog and pub/sub goroutines are stopped and
+// joined before Close returns. Holds still held become lost (their Lost
+// channels close, Unlock reports ErrLockLost) and expire on the server within
+// their lease: Close does not delete them, so no other holder enters while
+// their goroutines may still be working. A goroutine's final Unlock of such a
+// hold still deletes its entry, as for any lost hold. Waiting Lock calls
+// return ErrClosed (Lock panics with it). The redis client is not closed: it
+// belongs to the caller. Close returns ErrClosed if called again.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return ErrClosed
+	}
+	c.closed = true
+	close(c.closing)
+	lost := c.wd.loseAllLocked(ErrClosed)
+	c.mu.Unlock()
+	c.wd.stop()
+	c.be.close()
+	c.announce(lost)
+	return nil
+}
+
+// report hands err to the error handler, if there is one.
+func (c *Client) report(err error) {
+	if c.onError != nil {
+		c.onError(err)
+	}
+}
+
+// warnHandler discards records below Warn.
+type warnHandler struct{ slog.Handler }
+
+func (h warnHandler) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= slog.LevelWarn && h.Handler.Enabled(ctx, l)
+}
+
+// noCopy lets go vet report copies (see sync.noCopy).
+type noCopy struct{}
+
+func (*noCopy) Lock()   {}
+func (*noCopy) Unlock() {}

@@ -1,0 +1,131 @@
+-- Shared by the slow paths of acquire, release and leave; included after
+-- their fast paths, so that an uncontended call never builds these.
+local fence_key, alive = KEYS[2], KEYS[4]
+local starve, pub, chan = tonumber(ARGV[#ARGV - 2]), ARGV[#ARGV - 1], ARGV[#ARGV]
+
+-- Numbers reach Redis commands and messages as text, and Lua 5.1 would
+-- write one of 16 digits in exponent form: %.0f keeps every digit.
+local function digits(x)
+  return string.format('%.0f', x)
+end
+
+-- Server time in µs. Scripts replicate their effects, so TIME is allowed.
+local function time_us()
+  local t = redis.call('time')
+  return t[1] .. string.rep('0', 6 - #t[2]) .. t[2], t
+end
+
+local function now_us()
+  return tonumber((time_us()))
+end
+
+-- Next fencing token. A missing counter (first use, or Redis lost it) is
+-- seeded from the server clock in µs, so tokens keep rising.
+local function next_fence()
+  local f = redis.call('incr', fence_key)
+  if f == 1 then
+    local seed = time_us()
+    redis.call('set', fence_key, seed)
+    f = tonumber(seed)
+  end
+  return f
+end
+
+local function wrongtype(key, t)
+  return redis.error_reply('WRONGTYPE remutex ' .. t .. ' ' .. key)
+end
+
+-- An error reply when key holds a type other than want (or none).
+local function type_error(key, want)
+  local t = redis.call('type', key)
+  if type(t) == 'table' then t = t['ok'] end
+  if t ~= 'none' and t ~= want then return wrongtype(key, t) end
+  return nil
+end
+
+-- The fence counter must be missing or a string holding an integer.
+local function counter_error()
+  local v = redis.pcall('get', fence_key)
+  if type(v) == 'table' then return type_error(fence_key, 'string') end
+  if v and not string.match(v, '^%-?%d+$') then return wrongtype(fence_key, 'non-integer') end
+  return nil
+end
+
+local function queue_error()
+  return type_error(KEYS[3], 'zset') or type_error(alive, 'zset')
+end
+
+-- Entry: <claim ms>:<fencing>:<wait id>:<owner>; the owner begins with the
+-- Client's id, which names the channel its Client listens on.
+local function entry_of(claim, fencing, id, owner)
+  return claim .. ':' .. fencing .. ':' .. id .. ':' .. owner
+end
+
+local function drop_entry(e)
+  redis.call('zrem', KEYS[3], e)
+  redis.call('zrem', alive, e)
+end
+
+-- Removes the entries whose waiters stopped refreshing them.
+local function prune(now)
+  local dead = redis.call('zrangebyscore', alive, '-inf', math.floor(now / 1000))
+  for i = 1, #dead do drop_entry(dead[i]) end
+  if #dead > 0 and redis.call('zcard', alive) == 0 then redis.call('del', KEYS[3]) end
+end
+
+-- The queue's first entry and its arrival time, or nil.
+local function queue_head()
+  local h = redis.call('zrange', KEYS[3], 0, 0, 'withscores')
+  return h[1], tonumber(h[2])
+end
+
+local function starving(arrived, now)
+  return arrived and now - arrived >= starve
+end
+
+-- Adds entry at the tail (or keeps its place) and sets its liveness; the
+-- queue keys live as long as their longest-lived entry.
+local function enqueue(entry, now, ttl)
+  local ms = math.floor(now / 1000)
+  redis.call('zadd', KEYS[3], 'NX', digits(now), entry)
+  redis.call('zadd', alive, ms + ttl, entry)
+  local top = redis.call('zrange', alive, -1, -1, 'withscores')
+  local keep = math.max(tonumber(top[2]) - ms, 1)
+  redis.call('pexpire', KEYS[3], keep)
+  redis.call('pexpire', alive, keep)
+end
+
+local function pttl_of(key)
+  local t = redis.call('pttl', key)
+  if t < 0 then t = 0 end
+  return t
+end
+
+-- Passes a free lock on to the queue's live head, which has waited longest:
+-- in starvation mode (the head has waited past the threshold, or force) the
+-- lock is handed to it and its Client told 'g <fence> <entry>'; in normal
+-- mode its Client is told 'w <entry>' and the lock stays free for whoever
+-- takes it first. One message, to one Client. pcall: a caller without
+-- rights on the channel still releases; the waiter's refresh finds out.
+-- Returns 2 handed off, 1 otherwise.
+local function grant_head(now, force)
+  local head, arrived = queue_head()
+  if not head then return 1 end
+  local claim, fencing, owner = string.match(head, '^(%d+):(%d):%d+:(.+)$')
+  if not claim then
+    drop_entry(head)
+    return 1
+  end
+  local channel = chan .. string.match(owner, '^[^:]+')
+  if not force and not starving(arrived, now) then
+    redis.pcall(pub, channel, 'w ' .. head)
+    return 1
+  end
+  drop_entry(head)
+  local f = 0
+  if fencing ~= '0' then f = next_fence() end
+  redis.call('hset', KEYS[1], owner, 1)
+  redis.call('pexpire', KEYS[1], claim)
+  redis.pcall(pub, channel, 'g ' .. digits(f) .. ' ' .. head)
+  return 2
+end

@@ -1,0 +1,379 @@
+package remutex
+
+import (
+	"context"
+	"strconv"
+	"time"
+)
+
+// attempt is one goroutine's effort to take a lock it does not hold, from
+// the Lock call until it holds the lock or gives up.
+type attempt struct {
+	m     *DistMutex
+	gid   int64
+	try   bool // TryLock: one call, never queued
+	start time.Time
+
+	owner    string
+	ownerArg interface{}
+	waitID   uint64 // names this wait's queue entry, with the owner
+
+	watching    bool    // holds a reference to the lock's subscription
+	w           *waiter // the local waiter, once waiting
+	timer       *time.Timer
+	sent        time.Time // send time of the latest call
+	refreshed   time.Time // send time of the latest call that kept the entry alive
+	heard       bool      // the subscription was confirmed before the entry's latest refresh was sent
+	heardAtSend bool
+	pttl        time.Duration
+	split       bool  // quorum: contenders split the servers; hold off a while
+	lastErr     error // the transient error being retried, or nil
+	bo, poll    backoff
+	splitBo     backoff
+}
+
+// newAttemptLocked prepares an attempt of goroutine gid.
+func (m *DistMutex) newAttemptLocked(gid int64, try bool) *attempt {
+	c := m.c
+	a := &attempt{m: m, gid: gid, try: try, start: time.Now()}
+	st := c.locks[m.spec.hash()]
+	switch {
+	case c.be.freshOwners():
+		// Set per call in acquire.
+	case m.reentrant && st != nil && st.lastOwner != nil && st.lastOwner.gid == gid:
+		// The goroutine that held this lock last takes it again: reuse its
+		// owner token instead of building and boxing it anew.
+		a.owner, a.ownerArg = st.lastOwner.owner, st.lastOwner.ownerArg
+	case m.reentrant:
+		a.owner = c.id + ":" + strconv.FormatInt(gid, 10)
+	default:
+		a.owner = c.id + ":n" + strconv.FormatUint(c.nextSeqLocked(), 10)
+	}
+	if a.ownerArg == nil {
+		a.ownerArg = a.owner
+	}
+	if !try {
+		a.waitID = c.nextSeqLocked()
+	}
+	return a
+}
+
+// run takes the lock: one call that acquires it or queues the caller, then,
+// if it is busy, the wait.
+func (a *attempt) run(ctx context.Context) (bool, error) {
+	m := a.m
+	if !a.try {
+		// A subscription that exists already (the lock was waited for a
+		// moment ago) is kept while the call is out, and if it was confirmed
+		// then, no message for this attempt can be missed.
+		a.watching = m.c.be.watch(m.spec.channel, false)
+		defer a.unwatch()
+	}
+	for {
+		r, err := a.call(ctx)
+		switch {
+		case err == nil && r.code == replyGranted:
+			held, err := a.complete(ctx, r.val, a.sent, m.spec.lease)
+			if held || err != nil || a.try {
+				return held, err
+			}
+			// Granted too late to be valid, and released again: once more.
+		case a.try && err != nil:
+			return false, m.wrap(err)
+		case a.try:
+			return false, nil
+		case err == nil || transient(err):
+			return a.wait(ctx, r, err)
+		default:
+			return false, m.wrap(err)
+		}
+	}
+}
+
+func (a *attempt) unwatch() {
+	if a.watching {
+		a.m.c.be.unwatch(a.m.spec.channel)
+	}
+}
+
+// call sends acquire: for a Lock it also queues the caller (or refreshes its
+// entry) when the lock is busy.
+func (a *attempt) call(ctx context.Context) (reply, error) {
+	m := a.m
+	c := m.c
+	if c.be.freshOwners() {
+		// A quorum gives back, in the background, what a failed try got
+		// late: a token per try keeps that from touching a later try.
+		c.mu.Lock()
+		a.owner = c.id + ":" + strconv.FormatInt(a.gid, 10) + "." + strconv.FormatUint(c.nextSeqLocked(), 10)
+		c.mu.Unlock()
+		a.ownerArg = a.owner
+		a.entryChanged()
+	}
+	var waitID interface{} = ""
+	if !a.try {
+		waitID = a.waitID
+	}
+	a.heardAtSend = a.watching && isClosed(c.be.ready(m.spec.channel))
+	a.sent = time.Now()
+	return c.be.acquire(ctx, &m.spec, acquireReq{
+		owner: a.ownerArg, want: 1, lease: m.spec.leaseArg, fence: m.spec.fence, waitID: waitID,
+	})
+}
+
+// entry is the attempt's queue entry, as acquire.lua writes it.
+func (a *attempt) entry() string {
+	s := &a.m.spec
+	f := "0"
+	if s.fence != fenceOff {
+		f = "1"
+	}
+	return s.claimArg.(string) + ":" + f + ":" + strconv.FormatUint(a.waitID, 10) + ":" + a.owner
+}
+
+// entryChanged tells the local waiter, if any, the attempt's current entry.
+func (a *attempt) entryChanged() {
+	if a.w == nil {
+		return
+	}
+	e := a.entry()
+	a.m.c.mu.Lock()
+	a.w.entry = e
+	a.m.c.mu.Unlock()
+}
+
+// complete records a granted lock as the goroutine's hold. The grant was
+// made by a call sent at sent and lasts d (a lease, or a queue grant's claim
+// lease); a grant already past its validity is released again and not
+// reported as held.
+func (a *attempt) complete(ctx context.Context, fence int64, sent time.Time, d time.Duration) (bool, error) {
+	m := a.m
+	c := m.c
+	h := &hold{m: m, owner: a.owner, ownerArg: a.ownerArg, gid: a.gid, count: 1, fence: fence}
+	h.valid = sent.Add(validity(d))
+	h.next = sent.Add(d / 3) // from the send time, like valid: a slow reply leaves time to renew
+	now := time.Now()
+	c.mu.Lock()
+	if c.closed || !now.Before(h.valid) {
+		closed := c.closed
+		c.mu.Unlock()
+		rollback(ctx, c.be, &m.spec, a.ownerArg)
+		if closed {
+			return false, m.wrap(ErrClosed)
+		}
+		return false, nil
+	}
+	h.acquired = now
+	m.addHoldLocked(h)
+	c.wd.addLocked(h)
+	c.mu.Unlock()
+	if c.hook != nil {
+		c.emit(h.event(EventAcquired, now.Sub(a.start), nil))
+	}
+	return true, nil
+}
+
+// wait blocks until the attempt holds the lock, ctx ends, or a permanent
+// error. r and err are the outcome of the call that found the lock busy
+// (and queued the caller) or failed.
+//
+// Like sync.Mutex.lockSlow, waiting has two modes; here the server picks
+// between them, on its clock, at each release. In normal mode the release
+// wakes the waiter that has waited longest (a 'w' message to its Client
+// alone) and it races newcomers for the free lock with its next call. Once
+// that waiter has waited starveAfter, releases hand the lock to it (a 'g'
+// message naming its entry) and newcomers queue behind it; it holds the lock
+// from the message alone. Between messages the waiter refreshes its entry
+// every third of the entry's time to live, and looks again when the holder's
+// lease would run out.
+func (a *attempt) wait(ctx context.Context, r reply, err error) (bool, error) {
+	a.enter()
+	defer a.exit()
+	for {
+		switch {
+		case err != nil && !transient(err):
+			return a.giveUp(ctx, err)
+		case err == nil && r.code == replyGranted:
+			held, err := a.complete(ctx, r.val, a.sent, a.m.spec.lease)
+			if held || err != nil {
+				return held, err
+			}
+			// Granted too late to be valid, and released again: look again.
+		default:
+			a.note(r, err)
+			granted, fence, err := a.sleep(ctx)
+			if err != nil {
+				return a.giveUp(ctx, err)
+			}
+			if granted {
+				if held, err := a.claim(ctx, fence); held || err != nil {
+					return held, err
+				}
+			}
+		}
+		r, err = a.call(ctx)
+	}
+}
+
+// enter makes the attempt a local waiter and subscribes to the lock's
+// channel.
+func (a *attempt) enter() {
+	c := a.m.c
+	a.w = &waiter{ev: make(chan struct{}, 1), entry: a.entry()}
+	a.poll = backoff{first: 2 * time.Millisecond, limit: 100 * time.Millisecond}
+	a.splitBo = backoff{first: time.Millisecond, limit: 50 * time.Millisecond}
+	a.timer = time.NewTimer(time.Hour)
+	c.mu.Lock()
+	st := c.stateLocked(a.m)
+	st.waiters = append(st.waiters, a.w)
+	c.mu.Unlock()
+	if !a.watching {
+		a.watching = c.be.watch(a.m.spec.channel, true)
+	}
+}
+
+// exit removes the local waiter.
+func (a *attempt) exit() {
+	c := a.m.c
+	a.timer.Stop()
+	c.mu.Lock()
+	if st := c.locks[a.m.spec.hash()]; st != nil {
+		st.removeWaiterLocked(a.w)
+	}
+	c.mu.Unlock()
+}
+
+// note takes in the outcome of a call that did not get the lock.
+func (a *attempt) note(r reply, err error) {
+	m := a.m
+	if err != nil {
+		a.lastErr = err
+		m.c.report(m.wrap(err))
+		m.c.log.Warn("remutex: retrying after transient error", "lock", m.spec.name, "op", "wait", "err", err)
+		return
+	}
+	a.lastErr, a.bo = nil, backoff{}
+	a.pttl = time.Duration(r.val) * time.Millisecond
+	a.split = r.split
+	if r.code == replyQueued {
+		a.refreshed, a.heard = a.sent, a.heardAtSend
+	}
+	if !a.split {
+		a.splitBo = backoff{first: time.Millisecond, limit: 50 * time.Millisecond}
+	}
+}
+
+// sleep waits for a message, the time to look again, or the end of the wait.
+// It reports a grant of the lock and its fencing token.
+func (a *attempt) sleep(ctx context.Context) (granted bool, fence int64, err error) {
+	c := a.m.c
+	select {
+	case <-ctx.Done():
+		return false, 0, ctx.Err()
+	case <-c.closing:
+		return false, 0, ErrClosed
+	default:
+	}
+	ready := c.be.ready(a.m.spec.channel)
+	if a.heard || c.be.polling() {
+		ready = nil // nothing to look again for when it is confirmed
+	} else if isClosed(ready) {
+		return false, 0, nil // confirmed since the call: a message may have been missed
+	}
+	a.timer.Reset(a.nextLook(ready == nil))
+	select {
+	case <-a.timer.C:
+	case <-ready:
+	case <-a.w.ev:
+		c.mu.Lock()
+		granted, fence = a.w.granted, a.w.fence
+		a.w.granted = false
+		c.mu.Unlock()
+	case <-ctx.Done():
+		return false, 0, ctx.Err()
+	case <-c.closing:
+		return false, 0, ErrClosed
+	}
+	if !a.timer.Stop() {
+		select {
+		case <-a.timer.C:
+		default:
+		}
+	}
+	if a.split && !granted {
+		return false, 0, a.holdOff(ctx)
+	}
+	return granted, fence, nil
+}
+
+// nextLook is how long to sleep before the next call: the backoff after an
+// error; else until the entry's refresh is due or the holder's lease would
+// end, and at a polling pace while messages could be missed.
+func (a *attempt) nextLook(subscribed bool) time.Duration {
+	if a.lastErr != nil {
+		return a.bo.next()
+	}
+	d := max(a.pttl, time.Millisecond)
+	if !a.refreshed.IsZero() {
+		d = min(d, time.Until(a.refreshed.Add(a.m.spec.ttl/3)))
+	}
+	if !subscribed || a.m.c.be.polling() {
+		d = min(d, a.poll.next())
+	}
+	return max(d, 0)
+}
+
+// holdOff waits a random while after a quorum's contenders split its
+// servers between them: woken together by each other's give-backs, they
+// could otherwise keep splitting them (Redlock's retry delay).
+func (a *attempt) holdOff(ctx context.Context) error {
+	a.timer.Reset(a.splitBo.next())
+	select {
+	case <-a.timer.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-a.m.c.closing:
+		return ErrClosed
+	}
+}
+
+// claim takes a lock the queue handed to the attempt. The grant came after
+// the entry's latest refresh, so it is valid for its claim lease from that
+// refresh's send time; the watchdog extends it to the full lease if the hold
+// outlives a third of that. Where the grant must be confirmed by replicas
+// (WithReplicaAck), or no refresh is known, the next call confirms it instead.
+func (a *attempt) claim(ctx context.Context, fence int64) (bool, error) {
+	if a.m.c.be.acked() || a.refreshed.IsZero() {
+		return false, nil
+	}
+	return a.complete(ctx, fence, a.refreshed, a.m.spec.claim)
+}
+
+// giveUp ends a wait that will not hold the lock, leaving nothing behind: the
+// queue entry is removed in Redis, together with a grant it may have
+// received meanwhile.
+func (a *attempt) giveUp(ctx context.Context, cause error) (bool, error) {
+	m := a.m
+	c := m.c
+	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), max(m.spec.ttl, time.Second))
+	err := c.be.leave(lctx, &m.spec, a.ownerArg, a.entry())
+	cancel()
+	if err != nil {
+		// The entry dies by its liveness deadline, a grant by its claim lease.
+		c.log.Warn("remutex: leaving the queue failed", "lock", m.spec.name, "err", err)
+	}
+	if ctx.Err() != nil && cause == ctx.Err() {
+		return false, m.ctxErr(ctx, a.lastErr)
+	}
+	return false, m.wrap(cause)
+}
+
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
