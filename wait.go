@@ -186,9 +186,15 @@ func (a *attempt) complete(ctx context.Context, fence int64, sent time.Time, d t
 // from the message alone. Between messages the waiter refreshes its entry
 // every third of the entry's time to live, and looks again when the holder's
 // lease would run out.
-func (a *attempt) wait(ctx context.Context, r reply, err error) (bool, error) {
+func (a *attempt) wait(ctx context.Context, r reply, err error) (_ bool, failed error) {
 	a.enter()
 	defer a.exit()
+	if c := a.m.c; c.hook != nil {
+		start := time.Now()
+		defer func() {
+			c.emit(Event{Kind: EventWaited, Lock: a.m.spec.name, Owner: a.owner, Duration: time.Since(start), Err: failed})
+		}()
+	}
 	for {
 		switch {
 		case err != nil && !transient(err):
