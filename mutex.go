@@ -348,7 +348,8 @@ func (m *DistMutex) lock(ctx context.Context, try, plain bool) (bool, error) {
 		c.mu.Unlock()
 		return m.nested(ctx, h, try, plain)
 	}
-	a := m.newAttemptLocked(gid, try)
+	var a attempt
+	m.initAttemptLocked(&a, gid, try)
 	c.mu.Unlock()
 	return a.run(ctx)
 }

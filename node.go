@@ -286,7 +286,8 @@ func (n *node) send(ctx context.Context, t target, calls []*call, wait, pipeline
 
 func anyNoScript(calls []*call) bool {
 	for _, cl := range calls {
-		if redis.HasErrorPrefix(cl.cmd.Err(), "NOSCRIPT") {
+		// (HasErrorPrefix allocates even for nil: look first.)
+		if err := cl.cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
 			return true
 		}
 	}

@@ -44,6 +44,8 @@ type hold struct {
 	gid      int64
 	count    int
 	fence    int64
+	waitID   uint64      // the wait id of the attempt that took it, if it never
+	waitArg  interface{} // named a queue entry (boxed; nil once reused): see initAttemptLocked
 
 	acquired time.Time // when the hold began
 	valid    time.Time // validity deadline on the monotonic clock

@@ -16,7 +16,8 @@ type attempt struct {
 
 	owner    string
 	ownerArg interface{}
-	waitID   uint64 // names this wait's queue entry, with the owner
+	waitID   uint64      // names this wait's queue entry, with the owner
+	waitArg  interface{} // waitID, boxed; "" for TryLock
 
 	watching    bool    // holds a reference to the lock's subscription
 	w           *waiter // the local waiter, once waiting
@@ -32,18 +33,24 @@ type attempt struct {
 	splitBo     backoff
 }
 
-// newAttemptLocked prepares an attempt of goroutine gid.
-func (m *DistMutex) newAttemptLocked(gid int64, try bool) *attempt {
+// initAttemptLocked prepares an attempt of goroutine gid.
+func (m *DistMutex) initAttemptLocked(a *attempt, gid int64, try bool) {
 	c := m.c
-	a := &attempt{m: m, gid: gid, try: try, start: time.Now()}
+	*a = attempt{m: m, gid: gid, try: try, start: time.Now()}
 	st := c.locks[m.spec.hash()]
 	switch {
 	case c.be.freshOwners():
 		// Set per call in acquire.
 	case m.reentrant && st != nil && st.lastOwner != nil && st.lastOwner.gid == gid:
 		// The goroutine that held this lock last takes it again: reuse its
-		// owner token instead of building and boxing it anew.
-		a.owner, a.ownerArg = st.lastOwner.owner, st.lastOwner.ownerArg
+		// owner token instead of building and boxing it anew, and its wait
+		// id if that never named a queue entry.
+		last := st.lastOwner
+		a.owner, a.ownerArg = last.owner, last.ownerArg
+		if !try && last.waitArg != nil {
+			a.waitID, a.waitArg = last.waitID, last.waitArg
+			last.waitArg = nil
+		}
 	case m.reentrant:
 		a.owner = c.id + ":" + strconv.FormatInt(gid, 10)
 	default:
@@ -52,10 +59,13 @@ func (m *DistMutex) newAttemptLocked(gid int64, try bool) *attempt {
 	if a.ownerArg == nil {
 		a.ownerArg = a.owner
 	}
-	if !try {
+	switch {
+	case try:
+		a.waitArg = "" // never queued
+	case a.waitArg == nil:
 		a.waitID = c.nextSeqLocked()
+		a.waitArg = a.waitID
 	}
-	return a
 }
 
 // run takes the lock: one call that acquires it or queues the caller, then,
@@ -110,14 +120,10 @@ func (a *attempt) call(ctx context.Context) (reply, error) {
 		a.ownerArg = a.owner
 		a.entryChanged()
 	}
-	var waitID interface{} = ""
-	if !a.try {
-		waitID = a.waitID
-	}
 	a.heardAtSend = a.watching && isClosed(c.be.ready(m.spec.channel))
 	a.sent = time.Now()
 	return c.be.acquire(ctx, &m.spec, acquireReq{
-		owner: a.ownerArg, want: 1, lease: m.spec.leaseArg, fence: m.spec.fence, waitID: waitID,
+		owner: a.ownerArg, want: 1, lease: m.spec.leaseArg, fence: m.spec.fence, waitID: a.waitArg,
 	})
 }
 
@@ -150,6 +156,9 @@ func (a *attempt) complete(ctx context.Context, fence int64, sent time.Time, d t
 	m := a.m
 	c := m.c
 	h := &hold{m: m, owner: a.owner, ownerArg: a.ownerArg, gid: a.gid, count: 1, fence: fence}
+	if a.w == nil && !a.try {
+		h.waitID, h.waitArg = a.waitID, a.waitArg // never named an entry: reusable
+	}
 	h.valid = sent.Add(validity(d))
 	h.next = sent.Add(d / 3) // from the send time, like valid: a slow reply leaves time to renew
 	now := time.Now()
