@@ -165,7 +165,6 @@ func (c *Client) newSpec(name string, cfg mutexConfig) lockSpec {
 		s.keyArgs[i] = k
 	}
 	s.channel = s.hash() + releasedInfix + c.id
-	s.chanPrefix = s.hash() + releasedInfix
 	s.ttl = min(cfg.lease, maxQueueTTL)
 	s.claim = s.ttl
 	if cfg.noRenew {
@@ -176,8 +175,8 @@ func (c *Client) newSpec(name string, cfg mutexConfig) lockSpec {
 	if cfg.noRenew {
 		s.keepArg = "0"
 	}
-	s.claimArg = strconv.FormatInt(s.claim.Milliseconds(), 10)
-	s.ttlArg = strconv.FormatInt(s.ttl.Milliseconds(), 10)
+	s.claimMs = strconv.FormatInt(s.claim.Milliseconds(), 10)
+	s.queueArg = strconv.FormatInt(s.ttl.Milliseconds(), 10) + " " + s.claimMs + " " + s.hash() + releasedInfix
 	if cfg.fencing {
 		s.fence = fenceOn
 	}

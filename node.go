@@ -137,14 +137,13 @@ type lockSpec struct {
 	keys       [4]string     // hash, fence, queue, queue:alive
 	keyArgs    []interface{} // keys, boxed
 	channel    string        // where this Client hears of the lock: P{N}:released:<client id>
-	chanPrefix interface{}   // P{N}:released:, completed by a waiter's Client id
+	queueArg   interface{}   // "<entry ttl ms> <claim ms> P{N}:released:" for the slow paths (queue.lua)
 	lease      time.Duration
 	claim      time.Duration // lease of a queue grant until the watchdog extends it
 	ttl        time.Duration // liveness of a queue entry
 	leaseArg   interface{}
 	keepArg    interface{} // nested calls: the lease, or "0" (keep the TTL) WithoutRenewal
-	claimArg   interface{}
-	ttlArg     interface{}
+	claimMs    string
 	fence      fenceMode
 }
 
@@ -207,16 +206,17 @@ type node struct {
 	log       *slog.Logger
 	cluster   bool // rdb is a *redis.ClusterClient
 	ack       replicaAck
-	starve    interface{} // starvation threshold in µs, boxed; never, in a quorum
+	starve    string      // starvation threshold in µs; never, in a quorum
+	nodeArg   interface{} // "<starve µs> <publish command>" for the slow paths (queue.lua)
 	shardOnce sync.Once   // decides shardPub with the first lock operation
 	shardPub  bool        // release messages use sharded pub/sub
-	publish   interface{} // the publish command scripts use: "publish" or "spublish"
 	subscriber
 }
 
 func newNode(c *Client, rdb redis.UniversalClient, starve time.Duration) *node {
-	n := &node{rdb: rdb, log: c.log, ack: c.ack, publish: "publish",
+	n := &node{rdb: rdb, log: c.log, ack: c.ack,
 		starve: strconv.FormatInt(starve.Microseconds(), 10)}
+	n.nodeArg = n.starve + " publish"
 	_, n.cluster = rdb.(*redis.ClusterClient)
 	n.subscriber.c, n.subscriber.n = c, n
 	return n
@@ -305,14 +305,18 @@ func (n *node) eval(ctx context.Context, s *lockSpec, sc *luaScript, args ...int
 	return v, nil
 }
 
-// tail is the arguments every lock script ends with (see queue.lua).
-func (n *node) tail(ctx context.Context, s *lockSpec) (starve, pub, chanPrefix interface{}) {
-	return n.starve, n.pub(ctx), s.chanPrefix
+// tail is the two arguments every lock script ends with, read only by its
+// slow path (see queue.lua): the node's, then the lock's.
+func (n *node) tail(ctx context.Context, s *lockSpec) (nodeArg, queueArg interface{}) {
+	if n.cluster {
+		n.sharded(ctx)
+	}
+	return n.nodeArg, s.queueArg
 }
 
 func (n *node) acquire(ctx context.Context, s *lockSpec, r acquireReq) (reply, error) {
-	starve, pub, ch := n.tail(ctx, s)
-	args := []interface{}{r.owner, r.have, r.want, r.lease, r.fence.arg(), r.waitID, s.ttlArg, s.claimArg, starve, pub, ch}
+	na, qa := n.tail(ctx, s)
+	args := []interface{}{r.owner, r.have, r.want, r.lease, r.fence.arg(), r.waitID, na, qa}
 	if r.have > 0 || n.ack.replicas == 0 {
 		v, err := n.eval(ctx, s, acquireScript, args...)
 		if err != nil {
@@ -371,8 +375,8 @@ func (n *node) masterFor(ctx context.Context, key string) (target, error) {
 }
 
 func (n *node) release(ctx context.Context, s *lockSpec, owner interface{}, want int, lease interface{}) (int64, error) {
-	starve, pub, ch := n.tail(ctx, s)
-	v, err := n.eval(ctx, s, releaseScript, owner, want, lease, starve, pub, ch)
+	na, qa := n.tail(ctx, s)
+	v, err := n.eval(ctx, s, releaseScript, owner, want, lease, na, qa)
 	if err != nil {
 		return 0, err
 	}
@@ -380,8 +384,8 @@ func (n *node) release(ctx context.Context, s *lockSpec, owner interface{}, want
 }
 
 func (n *node) leave(ctx context.Context, s *lockSpec, owner interface{}, entry string) error {
-	starve, pub, ch := n.tail(ctx, s)
-	_, err := n.eval(ctx, s, leaveScript, owner, entry, starve, pub, ch)
+	na, qa := n.tail(ctx, s)
+	_, err := n.eval(ctx, s, leaveScript, owner, entry, na, qa)
 	return err
 }
 
@@ -400,15 +404,6 @@ func rollback(ctx context.Context, b backend, s *lockSpec, owner interface{}) {
 
 // rollbackTimeout bounds a rollback: past it the lease ends the hold.
 const rollbackTimeout = time.Second
-
-// pub returns the publish command for scripts, deciding it on first use on
-// a cluster (sharded pub/sub on Redis 7).
-func (n *node) pub(ctx context.Context) interface{} {
-	if n.cluster {
-		n.sharded(ctx)
-	}
-	return n.publish
-}
 
 // parseReply decodes the {code, value} reply of acquire.
 func parseReply(v interface{}) (reply, error) {

@@ -508,7 +508,7 @@ func (n *node) sharded(ctx context.Context) bool {
 				major, _, _ := strings.Cut(v, ".")
 				if v, err := strconv.Atoi(major); err == nil && v >= 7 {
 					n.shardPub = true
-					n.publish = "spublish"
+					n.nodeArg = n.starve + " spublish"
 				}
 				break
 			}

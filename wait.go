@@ -134,7 +134,7 @@ func (a *attempt) entry() string {
 	if s.fence != fenceOff {
 		f = "1"
 	}
-	return s.claimArg.(string) + ":" + f + ":" + strconv.FormatUint(a.waitID, 10) + ":" + a.owner
+	return s.claimMs + ":" + f + ":" + strconv.FormatUint(a.waitID, 10) + ":" + a.owner
 }
 
 // entryChanged tells the local waiter, if any, the attempt's current entry.

@@ -5,8 +5,9 @@
 -- with P{N}, so they share one cluster slot.
 -- ARGV = owner, count the caller has, count it wants, lease ms ('0' keeps the
 -- TTL), fencing ('0' off, '1' on, '2' always a new token: quorum), wait id
--- ('' for TryLock: never queue), entry ttl ms, claim ms, starvation threshold
--- µs, publish command, channel prefix.
+-- ('' for TryLock: never queue), and the two arguments of the slow paths
+-- (see queue.lua): starvation threshold and publish command; entry ttl,
+-- claim lease and channel prefix.
 --
 -- Returns {1, fence} granted (or already ours: a resend, or a grant that
 -- reached the waiter before its message); {0, pttl} held by another;
@@ -60,7 +61,7 @@ local entry = nil
 if ARGV[6] ~= '' then
   local f = '1'
   if fencing == '0' then f = '0' end
-  entry = entry_of(ARGV[8], f, ARGV[6], owner)
+  entry = entry_of(claim, f, ARGV[6], owner)
 end
 
 if cur then
@@ -99,5 +100,5 @@ if redis.call('exists', hash) == 0 then
   grant_head(now, true)
 end
 if not entry then return {0, pttl_of(hash)} end
-enqueue(entry, now, tonumber(ARGV[7]))
+enqueue(entry, now, tonumber(ttl))
 return {2, pttl_of(hash)}

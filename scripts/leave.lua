@@ -3,8 +3,8 @@
 -- a holder that does not know it holds.
 --
 -- KEYS = hash, fence counter, queue, queue:alive (see acquire.lua).
--- ARGV = owner, entry, starvation threshold µs, publish command, channel
--- prefix. Returns 1 if a grant was released, else 0.
+-- ARGV = owner, entry, and the two arguments of the slow paths (see
+-- queue.lua). Returns 1 if a grant was released, else 0.
 local hash, queue = KEYS[1], KEYS[3]
 local owner, entry = ARGV[1], ARGV[2]
 if type(redis.pcall('zrem', queue, entry)) == 'table' then return 0 end

@@ -1,7 +1,12 @@
 -- Shared by the slow paths of acquire, release and leave; included after
 -- their fast paths, so that an uncontended call never builds these.
 local fence_key, alive = KEYS[2], KEYS[4]
-local starve, pub, chan = tonumber(ARGV[#ARGV - 2]), ARGV[#ARGV - 1], ARGV[#ARGV]
+-- The last two arguments of every lock script: "<starvation threshold µs>
+-- <publish command>" (the node's) and "<entry ttl ms> <claim ms> <channel
+-- prefix>" (the lock's).
+local starve, pub = string.match(ARGV[#ARGV - 1], '^(%d+) (%a+)$')
+starve = tonumber(starve)
+local ttl, claim, chan = string.match(ARGV[#ARGV], '^(%d+) (%d+) (.*)$')
 
 -- Numbers reach Redis commands and messages as text, and Lua 5.1 would
 -- write one of 16 digits in exponent form: %.0f keeps every digit.

@@ -1,8 +1,8 @@
 -- release: lower a hold's count, or end the hold and pass the lock on.
 --
 -- KEYS = hash, fence counter, queue, queue:alive (see acquire.lua).
--- ARGV = owner, count wanted, lease ms ('0' keeps the TTL), starvation
--- threshold µs, publish command, channel prefix.
+-- ARGV = owner, count wanted, lease ms ('0' keeps the TTL), and the two
+-- arguments of the slow paths (see queue.lua).
 -- Returns 0 not held; 1 done; 2 done and handed to the head of the queue.
 --
 -- A final release leaves no marker: a resent one finds nothing and answers 0,
