@@ -133,18 +133,18 @@ type subscriptions interface {
 
 // lockSpec is what the scripts need of one DistMutex, boxed once.
 type lockSpec struct {
-	name       string
-	keys       [4]string     // hash, fence, queue, queue:alive
-	keyArgs    []interface{} // keys, boxed
-	channel    string        // where this Client hears of the lock: P{N}:released:<client id>
-	queueArg   interface{}   // "<entry ttl ms> <claim ms> P{N}:released:" for the slow paths (queue.lua)
-	lease      time.Duration
-	claim      time.Duration // lease of a queue grant until the watchdog extends it
-	ttl        time.Duration // liveness of a queue entry
-	leaseArg   interface{}
-	keepArg    interface{} // nested calls: the lease, or "0" (keep the TTL) WithoutRenewal
-	claimMs    string
-	fence      fenceMode
+	name     string
+	keys     [4]string     // hash, fence, queue, queue:alive
+	keyArgs  []interface{} // keys, boxed
+	channel  string        // where this Client hears of the lock: P{N}:released:<client id>
+	queueArg interface{}   // "<entry ttl ms> <claim ms> P{N}:released:" for the slow paths (queue.lua)
+	lease    time.Duration
+	claim    time.Duration // lease of a queue grant until the watchdog extends it
+	ttl      time.Duration // liveness of a queue entry
+	leaseArg interface{}
+	keepArg  interface{} // nested calls: the lease, or "0" (keep the TTL) WithoutRenewal
+	claimMs  string
+	fence    fenceMode
 }
 
 func (s *lockSpec) hash() string { return s.keys[0] }
