@@ -54,8 +54,10 @@ if have ~= '0' then
   return {1, 0}
 end
 
-local bad = (fencing ~= '0' and counter_error()) or queue_error()
-if bad then return bad end
+if fencing ~= '0' then
+  local bad = counter_error()
+  if bad then return bad end
+end
 
 local entry = nil
 if ARGV[6] ~= '' then
@@ -82,7 +84,8 @@ end
 local now = now_us()
 if redis.call('exists', hash) == 0 then
   -- Free, with waiters queued.
-  prune(now)
+  local bad = prune(now, true)
+  if bad then return bad end
   local head, arrived = queue_head()
   if not head or head == entry or not starving(arrived, now) then
     -- Nobody left, the caller is the head, or normal mode lets it barge.
@@ -100,5 +103,6 @@ if redis.call('exists', hash) == 0 then
   grant_head(now, true)
 end
 if not entry then return {0, pttl_of(hash)} end
-enqueue(entry, now, tonumber(ttl))
+local bad = enqueue(entry, now, tonumber(ttl))
+if bad then return bad end
 return {2, pttl_of(hash)}

@@ -16,6 +16,6 @@ if redis.call('exists', hash) == 1 then return 1 end
 --#include queue.lua
 
 local now = now_us()
-prune(now)
+if prune(now) then return 1 end -- a queue key of another type: nobody to wake
 grant_head(now, false)
 return 1

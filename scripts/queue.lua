@@ -60,6 +60,15 @@ local function queue_error()
   return type_error(KEYS[3], 'zset') or type_error(alive, 'zset')
 end
 
+-- Runs a read (or the script's first write) on a queue key: a key of
+-- another type answers an error naming it, before anything was written. The
+-- types are looked at only when the command failed.
+local function zcall(...)
+  local r = redis.pcall(...)
+  if type(r) == 'table' and r.err then return nil, queue_error() or r end
+  return r, nil
+end
+
 -- Entry: <claim ms>:<fencing>:<wait id>:<owner>; the owner begins with the
 -- Client's id, which names the channel its Client listens on.
 local function entry_of(claim, fencing, id, owner)
@@ -71,16 +80,25 @@ local function drop_entry(e)
   redis.call('zrem', alive, e)
 end
 
--- Removes the entries whose waiters stopped refreshing them.
-local function prune(now)
-  local dead = redis.call('zrangebyscore', alive, '-inf', math.floor(now / 1000))
+-- Removes the entries whose waiters stopped refreshing them. Returns an
+-- error reply for a queue key of another type (the queue itself is looked
+-- at only with check: a release frees the lock whatever it holds).
+local function prune(now, check)
+  local dead, bad = zcall('zrangebyscore', alive, '-inf', math.floor(now / 1000))
+  if bad then return bad end
+  if check then
+    local _, qbad = zcall('zcard', KEYS[3])
+    if qbad then return qbad end
+  end
   for i = 1, #dead do drop_entry(dead[i]) end
   if #dead > 0 and redis.call('zcard', alive) == 0 then redis.call('del', KEYS[3]) end
+  return nil
 end
 
--- The queue's first entry and its arrival time, or nil.
+-- The queue's first entry and its arrival time, or nil (call prune first).
 local function queue_head()
-  local h = redis.call('zrange', KEYS[3], 0, 0, 'withscores')
+  local h = redis.pcall('zrange', KEYS[3], 0, 0, 'withscores')
+  if h.err then return nil end
   return h[1], tonumber(h[2])
 end
 
@@ -89,15 +107,19 @@ local function starving(arrived, now)
 end
 
 -- Adds entry at the tail (or keeps its place) and sets its liveness; the
--- queue keys live as long as their longest-lived entry.
+-- queue keys live as long as their longest-lived entry. Returns an error
+-- reply for a queue key of another type.
 local function enqueue(entry, now, ttl)
   local ms = math.floor(now / 1000)
-  redis.call('zadd', KEYS[3], 'NX', digits(now), entry)
+  local top, bad = zcall('zrange', alive, -1, -1, 'withscores')
+  if bad then return bad end
+  local _, qbad = zcall('zadd', KEYS[3], 'NX', digits(now), entry)
+  if qbad then return qbad end
   redis.call('zadd', alive, ms + ttl, entry)
-  local top = redis.call('zrange', alive, -1, -1, 'withscores')
-  local keep = math.max(tonumber(top[2]) - ms, 1)
+  local keep = math.max(tonumber(top[2] or 0) - ms, ttl, 1)
   redis.call('pexpire', KEYS[3], keep)
   redis.call('pexpire', alive, keep)
+  return nil
 end
 
 local function pttl_of(key)

@@ -27,5 +27,5 @@ if redis.call('exists', hash, queue) ~= 1 or redis.call('exists', hash) == 1 the
 --#include queue.lua
 
 local now = now_us()
-prune(now)
+if prune(now) then return 1 end -- a queue key of another type: nobody to wake
 return grant_head(now, false)
