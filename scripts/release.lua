@@ -20,9 +20,11 @@ if want ~= '0' then
 end
 
 if redis.pcall('hdel', hash, owner) ~= 1 then return 0 end
--- Nobody queued: nothing to publish. (A field left by another owner keeps
--- the lock held; its holder's release or lease ends it.)
-if redis.call('exists', hash, queue) ~= 1 or redis.call('exists', hash) == 1 then return 1 end
+-- Nobody queued: nothing to publish. Both keys there: a field left by
+-- another owner keeps the lock held; its holder's release or lease ends it.
+-- (One of them: the queue's head is looked up below, and there is none if
+-- only the hash is left.)
+if redis.call('exists', hash, queue) ~= 1 then return 1 end
 
 --#include queue.lua
 
