@@ -6,7 +6,9 @@ import (
 	"encoding/hex"
 	"fmt"
 	"log/slog"
+	"os"
 	"reflect"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -27,7 +29,7 @@ const DefaultKeyPrefix = "remutex:"
 // exclude each other exactly as two processes do.
 type Client struct {
 	_       noCopy
-	id      string // random 128 bits, hex: the owner-token prefix of every hold
+	id      string // <random 128 bits, hex>.<host>.<pid>: the owner-token prefix of every hold
 	prefix  string
 	log     *slog.Logger
 	onError func(error)
@@ -124,7 +126,7 @@ func newClient(fn string, opts []Option) *Client {
 		panic("remutex: " + fn + ": crypto/rand: " + err.Error())
 	}
 	c := &Client{
-		id:      hex.EncodeToString(id[:]),
+		id:      clientID(hex.EncodeToString(id[:]), hostname(), os.Getpid()),
 		prefix:  DefaultKeyPrefix,
 		closing: make(chan struct{}),
 		locks:   make(map[string]*lockState),
@@ -140,6 +142,45 @@ func newClient(fn string, opts []Option) *Client {
 	}
 	c.wd.c = c
 	return c
+}
+
+// clientID is a Client's id: the random part, then the host and pid of its
+// process, so that an operator can tell where a hold lives (see Inspect).
+// Scripts take the text before an owner token's first ':' for the Client's
+// id, so it has no ':', nor braces (a cluster hash tag) or white space.
+func clientID(random, host string, pid int) string {
+	return random + "." + host + "." + strconv.Itoa(pid)
+}
+
+// maxHostLen bounds the host part of a Client id: every owner token, queue
+// entry and channel name carries it.
+const maxHostLen = 64
+
+// hostname returns the host name for Client ids (see hostPart), or
+// "unknown".
+func hostname() string {
+	h, err := os.Hostname()
+	if err != nil {
+		return "unknown"
+	}
+	return hostPart(h)
+}
+
+// hostPart makes h fit in a Client id: every byte outside [A-Za-z0-9._-]
+// becomes '_', and at most maxHostLen bytes are kept; "" is "unknown".
+func hostPart(h string) string {
+	if h == "" {
+		return "unknown"
+	}
+	b := []byte(h[:min(len(h), maxHostLen)])
+	for i, ch := range b {
+		ok := ch >= 'a' && ch <= 'z' || ch >= 'A' && ch <= 'Z' || ch >= '0' && ch <= '9' ||
+			ch == '.' || ch == '-' || ch == '_'
+		if !ok {
+			b[i] = '_'
+		}
+	}
+	return string(b)
 }
 
 func isNil(v interface{}) bool {

@@ -30,9 +30,12 @@
 //
 // # Ownership and reentrancy
 //
-// A hold belongs to the goroutine that took it: its owner token is the
-// Client's random id and the goroutine id. A goroutine that locks a lock it
-// holds raises its hold count (one round trip) and must unlock as many times.
+// A hold belongs to the goroutine that took it: its owner token is
+// <client id>:<goroutine id>, where the Client's id is 128 random bits in hex
+// followed by the host and process id of the Client's process
+// ("<32 hex digits>.<host>.<pid>"), so that Client.Inspect can tell an
+// operator where a holder runs. A goroutine that locks a lock it holds
+// raises its hold count (one round trip) and must unlock as many times.
 // Unlock from a goroutine that holds nothing panics like sync.Mutex's.
 //
 // Differences from sync.Mutex:

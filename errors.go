@@ -34,19 +34,59 @@ var (
 	// its servers for a call (they failed, not that the lock was busy). It is
 	// transient: Lock retries it.
 	ErrNoQuorum = errors.New("remutex: no majority of servers answered")
+
+	// ErrAuthRequired reports that the Redis server refused a call because
+	// the connection is not authenticated (NOAUTH, or the "unauthenticated"
+	// protocol error with which Redis answers long commands before AUTH):
+	// the redis client's options need a Password (and Username, with ACL
+	// users). It is permanent: Lock and TryLock panic with it, the Context
+	// forms return it. The server's own reply is wrapped with it.
+	ErrAuthRequired = errors.New("remutex: Redis requires authentication (NOAUTH): set Password/Username in the redis client's options")
+
+	// ErrInvalidName matches the error for a lock name that NewMutex would
+	// refuse (empty, longer than MaxNameLen bytes, or starting with '}'), as
+	// CheckName, Inspect and ForceUnlock return it.
+	ErrInvalidName = errors.New("remutex: invalid lock name")
 )
 
 // WrongTypeError reports that a key under a lock's name holds a value of
-// another type. remutex made no write: the data is left as it was. It is a
+// another type, or that its fence counter holds a string that is not an
+// integer. remutex made no write: the data is left as it was. It is a
 // permanent error: Lock and TryLock panic with it, the Context forms return it.
 type WrongTypeError struct {
-	Key  string // the Redis key
-	Type string // the type it holds, as TYPE reports it
+	Key string // the Redis key
+	// Type is the type the key holds, as TYPE reports it, or "non-integer"
+	// for a fence counter (P{N}:fence) that holds a string that is not an
+	// integer.
+	Type string
 }
 
 func (e *WrongTypeError) Error() string {
+	if e.Type == nonInteger {
+		return fmt.Sprintf("remutex: key %q holds a non-integer string, not a remutex fence counter", e.Key)
+	}
 	return fmt.Sprintf("remutex: key %q holds a %s, not a remutex lock", e.Key, e.Type)
 }
+
+// nonInteger is the WrongTypeError.Type of a fence counter that holds a
+// string that is not an integer.
+const nonInteger = "non-integer"
+
+// nameError is an invalid lock name: it matches ErrInvalidName.
+type nameError struct{ reason error }
+
+func (e *nameError) Error() string        { return "remutex: " + e.reason.Error() }
+func (e *nameError) Is(target error) bool { return target == ErrInvalidName }
+
+// authError is a refusal of an unauthenticated call: it matches
+// ErrAuthRequired and wraps the server's reply.
+type authError struct{ reply error }
+
+func (e *authError) Error() string {
+	return ErrAuthRequired.Error() + " (the server said: " + e.reply.Error() + ")"
+}
+func (e *authError) Is(target error) bool { return target == ErrAuthRequired }
+func (e *authError) Unwrap() error        { return e.reply }
 
 // lockError wraps err with the name of the lock it concerns, keeping it
 // matchable with errors.Is and errors.As.
@@ -66,13 +106,22 @@ func (e *namedError) Error() string {
 func (e *namedError) Unwrap() error { return e.err }
 
 // scriptError turns the error reply of a script call into a Go error: the
-// typed WrongTypeError where a script refused a key, otherwise err itself.
+// typed WrongTypeError where a script refused a key, an error matching
+// ErrAuthRequired where the server wants authentication, otherwise err
+// itself.
 func scriptError(err error) error {
 	var rerr redis.Error
 	if errors.As(err, &rerr) {
-		if rest, ok := strings.CutPrefix(err.Error(), "WRONGTYPE remutex "); ok {
+		msg := err.Error()
+		if rest, ok := strings.CutPrefix(msg, "WRONGTYPE remutex "); ok {
 			typ, key, _ := strings.Cut(rest, " ")
 			return &WrongTypeError{Key: key, Type: typ}
+		}
+		// Redis answers a command of more than a few arguments from an
+		// unauthenticated connection with "Protocol error: unauthenticated
+		// multibulk length" (and closes it), shorter ones with NOAUTH.
+		if strings.HasPrefix(msg, "NOAUTH") || strings.Contains(msg, "unauthenticated") {
+			return &authError{reply: err}
 		}
 	}
 	return err

@@ -48,7 +48,7 @@ func (k EventKind) String() string {
 type Event struct {
 	Kind     EventKind
 	Lock     string        // the lock's name
-	Owner    string        // the hold's owner token: <client id>:<goroutine id>
+	Owner    string        // the hold's owner token: <client id>:<goroutine id>, the id being <32 hex>.<host>.<pid>
 	Fence    int64         // the hold's fencing token, 0 without WithFencing
 	Duration time.Duration // see the EventKind
 	Err      error         // EventWaited (gave up) and EventLost

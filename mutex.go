@@ -227,27 +227,49 @@ func (m *DistMutex) LockContext(ctx context.Context) error {
 }
 
 // TryLock tries to lock m once and reports whether it did, like
-// sync.Mutex.TryLock. It never waits, never joins the queue and leaves nothing
-// behind when it fails. It returns false while the lock is in starvation
-// mode (its longest waiter is owed the next hand-off), on a transient error,
-// and for a nested TryLock on a hold that was lost (both reported to the
-// error handler); it panics on permanent errors as Lock does.
+// sync.Mutex.TryLock. It never waits for the lock, never joins the queue and
+// leaves nothing behind when it fails. Its attempt gets tryLockTimeout
+// (300ms) of the redis client's time, so that it answers within a few
+// hundred milliseconds when Redis is unreachable (go-redis alone retries
+// refused connections for over a second); if that cuts off a call Redis may
+// have applied, what it got is released again (for at most 200ms more, after
+// which its lease ends it). A round trip in flight is cut off at the
+// deadline only if the redis client has ContextTimeoutEnabled, otherwise at
+// its ReadTimeout. TryLock returns false while the lock is in starvation
+// mode (its longest waiter is owed the next hand-off), on a transient error
+// or no answer in time, and for a nested TryLock on a hold that was lost
+// (all reported to the error handler); it panics on permanent errors as
+// Lock does.
 func (m *DistMutex) TryLock() bool {
-	ok, err := m.lock(context.Background(), true, true)
-	if err != nil {
-		if transient(err) || errors.Is(err, ErrLockLost) {
-			m.c.report(err)
-			return false
-		}
-		panic(err)
+	ctx, cancel := context.WithTimeout(context.Background(), tryLockTimeout)
+	defer cancel()
+	ok, err := m.lock(ctx, true, true)
+	switch {
+	case err == nil:
+		return ok
+	case errors.Is(err, context.DeadlineExceeded) && ctx.Err() != nil:
+		m.c.report(m.wrap(fmt.Errorf("TryLock: Redis did not answer within %v: %w", tryLockTimeout, context.DeadlineExceeded)))
+		return false
+	case transient(err) || errors.Is(err, ErrLockLost):
+		m.c.report(err)
+		return false
 	}
-	return ok
+	panic(err)
 }
 
-// TryLockContext is TryLock that returns errors instead of reporting them:
-// (false, nil) means the lock is held by another owner, or owed to a
-// waiter, or the grant came back too late to be valid (it was released
-// again).
+// TryLock's bounds: its attempt, and the release of what an attempt cut off
+// by its deadline may have got.
+const (
+	tryLockTimeout = 300 * time.Millisecond
+	tryUndoTimeout = 200 * time.Millisecond
+)
+
+// TryLockContext is TryLock that returns errors instead of reporting them,
+// governed by ctx alone (no deadline of its own): (false, nil) means the
+// lock is held by another owner, or owed to a waiter, or the grant came back
+// too late to be valid (it was released again). If ctx ends while its call
+// is out, it returns ctx's error, wrapped, and releases what the call may
+// have got, as TryLock does.
 func (m *DistMutex) TryLockContext(ctx context.Context) (bool, error) {
 	return m.lock(ctx, true, false)
 }
@@ -350,7 +372,26 @@ func (m *DistMutex) lock(ctx context.Context, try, plain bool) (bool, error) {
 	var a attempt
 	m.initAttemptLocked(&a, gid, try)
 	c.mu.Unlock()
-	return a.run(ctx)
+	held, err := a.run(ctx)
+	if try && err != nil && ctx.Err() != nil {
+		m.undoTry(ctx, a.ownerArg)
+	}
+	return held, err
+}
+
+// undoTry releases what a TryLock cut off by the end of its context may
+// have got: Redis may have applied the call whose reply never came. The
+// owner token is the attempt's own (the goroutine holds nothing here, or it
+// is a NonReentrant mutex's fresh one), so no other hold is touched. It
+// takes at most tryUndoTimeout; failing that, the lease ends the grant. A
+// quorum gives back what a failed try got itself.
+func (m *DistMutex) undoTry(ctx context.Context, owner interface{}) {
+	if m.c.be.freshOwners() {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), tryUndoTimeout)
+	defer cancel()
+	_, _ = m.c.be.release(ctx, &m.spec, owner, 0, "0")
 }
 
 // nested raises the hold count of a goroutine that already holds m.

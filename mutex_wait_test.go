@@ -37,7 +37,7 @@ func serverMillis(t testing.TB, rdb *redis.Client) int64 {
 
 // queueEntry is the form of an entry of a lock's queue:
 // <claim ms>:<fencing 0|1>:<wait id>:<owner token>.
-var queueEntry = regexp.MustCompile(`^(\d+):([01]):(\d+):([0-9a-f]{32}):(\d+)$`)
+var queueEntry = regexp.MustCompile(`^(\d+):([01]):(\d+):([0-9a-f]{32}\.[A-Za-z0-9._-]+\.\d+):(\d+)$`)
 
 // TestReleasePublishes: a release publishes only when someone waits, and
 // then one message, on the waiting Client's own channel of the lock.
