@@ -93,7 +93,8 @@ func CheckName(name string) error {
 // ErrInvalidName and sends no command. For a key of another type under the
 // name, or a fence counter that is not an integer, it returns a
 // *WrongTypeError. Otherwise it fails with ctx's error, ErrClosed after
-// Close, or the Redis error; errors are wrapped with the lock's name. On a
+// Close, or the Redis error; errors are wrapped with the lock's name. When
+// Redis refused or failed the call, the LockInfo holds Name and Key. On a
 // Client made by NewQuorumClient it returns an error matching
 // errors.ErrUnsupported: inspect each server through a NewClient of its own.
 func (c *Client) Inspect(ctx context.Context, name string) (LockInfo, error) {
@@ -103,7 +104,7 @@ func (c *Client) Inspect(ctx context.Context, name string) (LockInfo, error) {
 	}
 	info, err := c.be.(admin).inspect(ctx, s, true)
 	if err != nil {
-		return LockInfo{}, lockError(name, err)
+		return LockInfo{Name: name, Key: s.hash()}, lockError(name, err)
 	}
 	return info, nil
 }

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/remutex/remutex"
 )
 
 // startCluster starts a one-node Redis Cluster that serves every slot.
@@ -34,7 +36,7 @@ func startCluster(t *testing.T) *redisServer {
 
 // TestCluster runs a holder and a waiter on a Redis 7 cluster, where release
 // messages are shard messages: status counts the waiter's SSUBSCRIBE, and
-// unlock --force announces the release with SPUBLISH, which wakes it.
+// unlock --force tells the waiter's Client with SPUBLISH, which wakes it.
 func TestCluster(t *testing.T) {
 	t.Parallel()
 	srv := startCluster(t)
@@ -46,16 +48,22 @@ func TestCluster(t *testing.T) {
 	holder, _, _ := holdLock(t, "", name, append(flags, "--lease", "2s")...)
 	waiter := start(t, cliEnv(), "", append(flags, "run", name, "--", "true")...)
 	await(t, 10*time.Second, "the waiter to queue and subscribe", func() bool {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		st, err := readStatus(ctx, cc, "remutex:", name)
-		if err != nil {
-			t.Fatal(err)
-		}
+		st := lockStateOn(t, cc, name)
 		return st.Queued == 1 && st.Subscribers == 1
 	})
 
-	ps := cc.SSubscribe(context.Background(), "remutex:{"+name+"}:released")
+	// The waiter's Client listens on the lock's channel for its Client id,
+	// the part of its owner token before the ':'.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	locks := remutex.NewClient(cc)
+	defer locks.Close()
+	info, err := locks.Inspect(ctx, name)
+	if err != nil || len(info.Waiters) != 1 {
+		t.Fatalf("Inspect: got %+v, %v; want one waiter", info, err)
+	}
+	clientID, _, _ := strings.Cut(info.Waiters[0].Owner, ":")
+	ps := cc.SSubscribe(context.Background(), "remutex:{"+name+"}:released:"+clientID)
 	t.Cleanup(func() { _ = ps.Close() })
 	if _, err := ps.Receive(context.Background()); err != nil {
 		t.Fatal(err)

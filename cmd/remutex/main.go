@@ -43,16 +43,18 @@
 // terminal's foreground group while it runs, so that it can read the terminal
 // and Ctrl-C reaches it once; stopping it with Ctrl-Z is not supported.
 //
-// status prints, for each lock, the owner tokens of its holder and their hold
-// counts, the remaining lease, the last fencing token handed out, the waiters
-// queued in Redis and the number of Clients subscribed to its release
-// channel; --json prints the same as a JSON array for scripts.
+// status prints, for each lock, the owner token of its holder with the host
+// and pid of the holding process and its hold count, the remaining lease, the
+// last fencing token handed out, the waiters queued in Redis and the number
+// of Clients listening for the lock's messages; --json prints the same as a
+// JSON array for scripts. It reads the lock with remutex's Client.Inspect.
 //
-// unlock --force deletes a stuck lock (a holder that is frozen, not dead: a
-// dead holder's lock ends by itself within its lease) and wakes its waiters.
-// It asks for confirmation on standard input unless --yes is given, and it
-// deletes nothing if the lock changed hands since it was read. The holder, if
-// it resumes, finds its lease lost.
+// unlock --force releases a stuck lock (a holder that is frozen, not dead: a
+// dead holder's lock ends by itself within its lease) as the holder's own
+// unlock would, so that its longest waiter is woken or handed the lock
+// (remutex's Client.ForceUnlock). It asks for confirmation on standard input
+// unless --yes is given, and it releases nothing if the lock changed hands
+// since it was read. The holder, if it resumes, finds its lease lost.
 //
 // # Connection
 //
@@ -117,9 +119,9 @@ Usage:
 Commands:
   run     take lock NAME (waiting up to --wait), run COMMAND while the lease is
           renewed, release the lock when it exits, and exit with its status
-  status  show each lock's holder, hold count, remaining lease, last fencing
-          token, queued waiters and subscribed Clients
-  unlock  delete a stuck lock and wake its waiters (asks first unless --yes)
+  status  show each lock's holder (owner, host, pid), hold count, remaining
+          lease, last fencing token, queued waiters and subscribed Clients
+  unlock  release a stuck lock and wake its next waiter (asks first unless --yes)
 
 Run "remutex help COMMAND" for a command's flags and details, and
 "remutex --version" for the version.

@@ -17,8 +17,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/remutex/remutex"
 )
 
@@ -212,11 +210,7 @@ func (c *cli) runLocked(cfg runConfig) int {
 	}
 	defer rdb.Close()
 	var seen lastError
-	locks := remutex.NewClient(rdb,
-		remutex.WithKeyPrefix(c.conn.keyPrefix()),
-		remutex.WithLogger(slog.New(&lineHandler{w: c.stderr, mu: new(sync.Mutex)})),
-		remutex.WithErrorHandler(seen.set),
-	)
+	locks := c.lockClient(rdb, remutex.WithErrorHandler(seen.set))
 	defer locks.Close() // before rdb.Close: deferred calls run last in, first out
 	opts := []remutex.MutexOption{remutex.WithLease(cfg.lease)}
 	if cfg.fenceEnv != "" {
@@ -226,7 +220,7 @@ func (c *cli) runLocked(cfg runConfig) int {
 
 	// Take the lock on this goroutine: holds belong to goroutines, and this
 	// one also asks for Lost and Fence and unlocks.
-	if code, held := c.acquire(ctx, interrupted, m, rdb, cfg, &seen); !held {
+	if code, held := c.acquire(ctx, interrupted, m, locks, cfg, &seen); !held {
 		return code
 	}
 	lost := m.Lost()
@@ -281,7 +275,7 @@ func watchSignals(sigs <-chan os.Signal) (ctx context.Context, interrupted func(
 // acquire takes m within cfg.wait, or until ctx ends with a signal, which
 // stops the watching. It returns held = false with the exit status if it
 // did not take the lock: the wait passed, a signal came, or Redis failed.
-func (c *cli) acquire(ctx context.Context, interrupted func() os.Signal, m *remutex.DistMutex, rdb redis.UniversalClient, cfg runConfig, seen *lastError) (code int, held bool) {
+func (c *cli) acquire(ctx context.Context, interrupted func() os.Signal, m *remutex.DistMutex, locks *remutex.Client, cfg runConfig, seen *lastError) (code int, held bool) {
 	var err error
 	switch {
 	case !cfg.wait.set:
@@ -310,8 +304,8 @@ func (c *cli) acquire(ctx context.Context, interrupted func() os.Signal, m *remu
 		msg := fmt.Sprintf("lock %q is held", cfg.name)
 		// Name the holder, if Redis answers quickly: the wait is over already.
 		sctx, scancel := context.WithTimeout(context.Background(), time.Second)
-		if st, serr := readStatus(sctx, rdb, c.conn.keyPrefix(), cfg.name); serr == nil && st.Held {
-			msg += " by " + st.Holders[0].Owner
+		if st, serr := readStatus(sctx, locks, cfg.name); serr == nil && st.Held {
+			msg += " by " + st.Holders[0].describe()
 		}
 		scancel()
 		gaveUp := fmt.Sprintf("gave up after --wait %v", cfg.wait.d)

@@ -15,19 +15,36 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/remutex/remutex"
 )
 
-// lockState reads a lock's state in-process, for awaiting a state.
+// lockState reads a lock's state in-process, as status does, for awaiting
+// a state.
 func lockState(t testing.TB, addr, name string) lockStatus {
+	t.Helper()
+	return lockStateOn(t, rdbFor(t, addr), name)
+}
+
+// lockStateOn is lockState through rdb, a server's or a cluster's client.
+func lockStateOn(t testing.TB, rdb redis.UniversalClient, name string) lockStatus {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	st, err := readStatus(ctx, rdbFor(t, addr), "remutex:", name)
+	locks := remutex.NewClient(rdb)
+	defer locks.Close()
+	st, err := readStatus(ctx, locks, name)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return st
 }
+
+// holderForm is how run and status name a holder: its owner token
+// (<32 hex>.<host>.<pid>:<goroutine id>), then its pid and host.
+var holderForm = regexp.MustCompile(`[0-9a-f]{32}\.([A-Za-z0-9._-]+)\.(\d+):\d+ \(pid (\d+) on ([A-Za-z0-9._-]+)\)`)
 
 // awaitWaiter waits until a Client other than the holder waits for the lock:
 // it is queued in Redis or subscribed to the release channel.
@@ -174,7 +191,8 @@ func TestRunWaitTimeout(t *testing.T) {
 		if code != exitTimeout {
 			t.Errorf("--wait %s: exit status %d, want %d; stderr:\n%s", wait, code, exitTimeout, stderr)
 		}
-		if !regexp.MustCompile(`is held by [0-9a-f]{32}:\d+`).MatchString(stderr) {
+		if m := holderForm.FindStringSubmatch(stderr); m == nil || !strings.Contains(stderr, "is held by "+m[0]) ||
+			m[1] != m[4] || m[2] != m[3] || m[3] != strconv.Itoa(holder.cmd.Process.Pid) {
 			t.Errorf("--wait %s: stderr does not name the holder:\n%s", wait, stderr)
 		}
 		if readFile(t, ran) != "" {

@@ -14,13 +14,13 @@ import (
 const statusUsage = `Usage: remutex status [--json] NAME...
 
 Shows, for each lock NAME: its holder's owner token (<client id>:<goroutine
-id>) and hold count, the remaining lease, the last fencing token handed out,
-the waiters queued in Redis, and the Clients subscribed to its release channel
-(waiting for it, or having just waited). It changes nothing.
+id>), host, pid and hold count, the remaining lease, the last fencing token
+handed out, the waiters queued in Redis, and the Clients listening for the
+lock's messages (waiting for it, or having just waited). It changes nothing.
 
 --json prints a JSON array with one object per lock:
-  {"name", "key", "held", "holders": [{"owner", "count"}], "ttl_ms",
-   "fence", "queued", "subscribers", "error"}
+  {"name", "key", "held", "holders": [{"owner", "count", "host", "pid"}],
+   "ttl_ms", "fence", "queued", "subscribers", "error"}
 ttl_ms is 0 for a free lock; fence is 0 if no fencing token was ever handed
 out; error (omitted when empty) says why the key is not a lock.
 
@@ -43,7 +43,6 @@ func (c *cli) status(args []string) int {
 	if len(names) == 0 {
 		return c.usageError("status: no lock name given (usage: remutex status [--json] NAME...)")
 	}
-	prefix := c.conn.keyPrefix()
 	for _, name := range names {
 		if err := checkName(name); err != nil {
 			return c.usageError("status: %v", err)
@@ -57,11 +56,13 @@ func (c *cli) status(args []string) int {
 		return c.fail(err)
 	}
 	defer rdb.Close()
+	locks := c.lockClient(rdb)
+	defer locks.Close() // before rdb.Close
 
 	code = exitOK
 	all := make([]lockStatus, 0, len(names))
 	for _, name := range names {
-		st, err := readStatus(ctx, rdb, prefix, name)
+		st, err := readStatus(ctx, locks, name)
 		if err != nil {
 			return c.fail(redisErr{err})
 		}
@@ -90,7 +91,7 @@ func (c *cli) status(args []string) int {
 // printStatus prints a table, one line per holder (a lock has one holder;
 // more would be a lock written by something else).
 func printStatus(w io.Writer, all []lockStatus) error {
-	rows := [][]string{{"NAME", "STATE", "HOLDER", "COUNT", "TTL", "FENCE", "QUEUED", "SUBSCRIBERS"}}
+	rows := [][]string{{"NAME", "STATE", "HOLDER", "HOST", "PID", "COUNT", "TTL", "FENCE", "QUEUED", "SUBSCRIBERS"}}
 	for _, st := range all {
 		name := st.Name
 		if strings.ContainsFunc(name, func(r rune) bool { return !unicode.IsPrint(r) }) {
@@ -103,12 +104,16 @@ func printStatus(w io.Writer, all []lockStatus) error {
 		queued, subs := strconv.FormatInt(st.Queued, 10), strconv.FormatInt(st.Subscribers, 10)
 		switch {
 		case st.Error != "":
-			rows = append(rows, []string{name, "not a lock", "-", "-", "-", fence, queued, subs})
+			rows = append(rows, []string{name, "not a lock", "-", "-", "-", "-", "-", fence, queued, subs})
 		case !st.Held:
-			rows = append(rows, []string{name, "free", "-", "-", "-", fence, queued, subs})
+			rows = append(rows, []string{name, "free", "-", "-", "-", "-", "-", fence, queued, subs})
 		default:
 			for _, h := range st.Holders {
-				rows = append(rows, []string{name, "held", h.Owner, strconv.FormatInt(h.Count, 10), describeTTL(st.TTLMillis), fence, queued, subs})
+				host, pid := "-", "-"
+				if h.Host != "" {
+					host, pid = h.Host, strconv.Itoa(h.PID)
+				}
+				rows = append(rows, []string{name, "held", h.Owner, host, pid, strconv.FormatInt(h.Count, 10), describeTTL(st.TTLMillis), fence, queued, subs})
 			}
 		}
 	}

@@ -5,6 +5,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"regexp"
 	"strings"
 	"syscall"
@@ -37,8 +38,11 @@ func TestStatusJSON(t *testing.T) {
 	switch {
 	case h.Name != held || h.Key != "remutex:{"+held+"}" || !h.Held:
 		t.Errorf("held lock: name %q key %q held %v, want %q, %q, true", h.Name, h.Key, h.Held, held, "remutex:{"+held+"}")
-	case len(h.Holders) != 1 || h.Holders[0].Count != 1 || !regexp.MustCompile(`^[0-9a-f]{32}:\d+$`).MatchString(h.Holders[0].Owner):
-		t.Errorf("holders %+v, want one owner <client id>:<goroutine id> with count 1", h.Holders)
+	case len(h.Holders) != 1 || h.Holders[0].Count != 1 || !regexp.MustCompile(`^[0-9a-f]{32}\.[A-Za-z0-9._-]+\.\d+:\d+$`).MatchString(h.Holders[0].Owner):
+		t.Errorf("holders %+v, want one owner <32 hex>.<host>.<pid>:<goroutine id> with count 1", h.Holders)
+	case h.Holders[0].PID != holder.cmd.Process.Pid || h.Holders[0].Host == "" ||
+		!strings.Contains(h.Holders[0].Owner, fmt.Sprintf(".%s.%d:", h.Holders[0].Host, h.Holders[0].PID)):
+		t.Errorf("holder %+v: want the host and pid (%d) of the holding remutex, as in its owner token", h.Holders[0], holder.cmd.Process.Pid)
 	case h.TTLMillis <= 0 || h.TTLMillis > 5000:
 		t.Errorf("ttl_ms %d, want within the 5s lease", h.TTLMillis)
 	case h.Fence != fence:
@@ -57,8 +61,10 @@ func TestStatusJSON(t *testing.T) {
 	// The table for people shows the same.
 	code, stdout, _ = run(t, cliEnv(), "", "status", "--addr", srv.addr(), held, free)
 	lines := strings.Split(strings.TrimSpace(stdout), "\n")
-	if code != 0 || len(lines) != 3 || !strings.HasPrefix(lines[0], "NAME") ||
-		!strings.Contains(lines[1], "held") || !strings.Contains(lines[1], h.Holders[0].Owner) || !strings.Contains(lines[2], "free") {
+	header := "NAME STATE HOLDER HOST PID COUNT TTL FENCE QUEUED SUBSCRIBERS"
+	held1 := fmt.Sprintf("%s held %s %s %d 1", held, h.Holders[0].Owner, h.Holders[0].Host, h.Holders[0].PID)
+	if code != 0 || len(lines) != 3 || strings.Join(strings.Fields(lines[0]), " ") != header ||
+		!strings.HasPrefix(strings.Join(strings.Fields(lines[1]), " "), held1+" ") || !strings.Contains(lines[2], "free") {
 		t.Errorf("status: exit %d, output:\n%s", code, stdout)
 	}
 
@@ -68,7 +74,7 @@ func TestStatusJSON(t *testing.T) {
 		t.Fatal(err)
 	}
 	code, stdout, stderr = run(t, cliEnv(), "", "--addr", srv.addr(), "status", "--json", str)
-	if code != exitRedis || !strings.Contains(stdout, `"error": "key remutex:{`+str+`} holds a string, not a remutex lock"`) || !strings.Contains(stderr, "not a remutex lock") {
+	if code != exitRedis || !strings.Contains(stdout, `"error": "key \"remutex:{`+str+`}\" holds a string, not a remutex lock"`) || !strings.Contains(stderr, "not a remutex lock") {
 		t.Errorf("string key: exit %d, want %d; stdout:\n%s\nstderr:\n%s", code, exitRedis, stdout, stderr)
 	}
 	if v, err := rdb.Get(context.Background(), "remutex:{"+str+"}").Result(); err != nil || v != "data" {

@@ -4,7 +4,9 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -15,8 +17,9 @@ import (
 )
 
 // TestUnlockForceStoppedHolder freezes a holder with SIGSTOP: unlock --force
-// --yes deletes its lock and wakes a waiting run, and the holder, resumed,
-// finds its lease lost, stops its command and exits with status 79.
+// --yes releases its lock and wakes a waiting run with a message to its
+// Client, as an unlock would, and the holder, resumed, finds its lease lost,
+// stops its command and exits with status 79.
 func TestUnlockForceStoppedHolder(t *testing.T) {
 	t.Parallel()
 	srv := sharedRedis(t)
@@ -28,15 +31,16 @@ func TestUnlockForceStoppedHolder(t *testing.T) {
 	waiter := start(t, cliEnv("OUT="+out), "", "--addr", srv.addr(), "run", name, "--", "sh", "-c", `echo "$REMUTEX_FENCE" > "$OUT"`)
 	awaitWaiter(t, srv.addr(), name)
 
-	// Subscribed like the waiter, the test sees the release announced.
-	ps := rdbFor(t, srv.addr()).Subscribe(context.Background(), "remutex:{"+name+"}:released")
+	// Listening on the lock's channels, the test sees the waiter's Client
+	// told.
+	ps := rdbFor(t, srv.addr()).PSubscribe(context.Background(), "remutex:{"+name+"}:released:*")
 	t.Cleanup(func() { _ = ps.Close() })
 	if _, err := ps.Receive(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 
 	code, stdout, stderr := run(t, cliEnv(), "", "--addr", srv.addr(), "unlock", "--force", "--yes", name)
-	if code != 0 || !strings.Contains(stdout, "deleted lock") {
+	if code != 0 || !strings.Contains(stdout, "released lock") {
 		t.Fatalf("unlock: exit status %d, want 0; stdout:\n%s\nstderr:\n%s", code, stdout, stderr)
 	}
 	assertReleaseMessage(t, ps.Channel())
@@ -53,21 +57,23 @@ func TestUnlockForceStoppedHolder(t *testing.T) {
 	}
 }
 
-// assertReleaseMessage waits for the release message "r".
+// assertReleaseMessage waits for the message a release sends the Client of
+// the lock's longest waiter: a wake-up ("w <entry>") or a grant ("g <fence>
+// <entry>").
 func assertReleaseMessage(t *testing.T, ch <-chan *redis.Message) {
 	t.Helper()
 	select {
 	case msg := <-ch:
-		if msg.Payload != "r" {
-			t.Errorf("release channel got %q, want \"r\"", msg.Payload)
+		if !regexp.MustCompile(`^(w|g \d+) \d+:`).MatchString(msg.Payload) {
+			t.Errorf("the waiter's Client got %q, want a wake-up or a grant", msg.Payload)
 		}
 	case <-time.After(10 * time.Second):
-		t.Error("no release message on the lock's channel")
+		t.Error("no message to the waiter's Client")
 	}
 }
 
 // TestUnlockConfirmation checks that unlock asks first: "n" keeps the lock,
-// "y" deletes it. Without --force it refuses; a free lock needs nothing.
+// "y" releases it. Without --force it refuses; a free lock needs nothing.
 func TestUnlockConfirmation(t *testing.T) {
 	t.Parallel()
 	srv := sharedRedis(t)
@@ -79,7 +85,8 @@ func TestUnlockConfirmation(t *testing.T) {
 		t.Errorf("without --force: exit status %d, want %d; stderr:\n%s", code, exitUsage, stderr)
 	}
 	code, _, stderr = run(t, cliEnv(), "n\n", "--addr", srv.addr(), "unlock", "--force", name)
-	if code != exitDeclined || !strings.Contains(stderr, "[y/N]") || !strings.Contains(stderr, "not deleted") {
+	if code != exitDeclined || !strings.Contains(stderr, "[y/N]") || !strings.Contains(stderr, "not released") ||
+		!strings.Contains(stderr, fmt.Sprintf("(pid %d on ", holder.cmd.Process.Pid)) {
 		t.Errorf("answered n: exit status %d, want %d; stderr:\n%s", code, exitDeclined, stderr)
 	}
 	if !lockState(t, srv.addr(), name).Held {
