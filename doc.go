@@ -91,6 +91,14 @@
 // A grant message names the queue entry it answers, so a goroutine that waits
 // again never takes an earlier wait's grant for a new one.
 //
+// # Operations
+//
+// Client.Inspect reads a lock as an operator needs it (holders with the host
+// and pid of their process, remaining lease, fence, waiters, listening
+// Clients), and Client.ForceUnlock releases a frozen holder's lock through
+// the release script, so that its waiters are woken as after an Unlock. The
+// remutex command (cmd/remutex) uses them for its status and unlock --force.
+//
 // # Example
 //
 //	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})

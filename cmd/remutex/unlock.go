@@ -7,6 +7,8 @@ import (
 	"io"
 	"strings"
 	"time"
+
+	"github.com/remutex/remutex"
 )
 
 const unlockUsage = `Usage: remutex unlock --force [--yes] NAME
@@ -58,7 +60,12 @@ func (c *cli) unlock(args []string) int {
 	defer rdb.Close()
 	locks := c.lockClient(rdb)
 	defer locks.Close() // before rdb.Close
+	return c.forceUnlock(ctx, locks, name, *yes)
+}
 
+// forceUnlock shows who holds lock name, asks unless yes, and releases the
+// holds it showed.
+func (c *cli) forceUnlock(ctx context.Context, locks *remutex.Client, name string, yes bool) int {
 	st, err := readStatus(ctx, locks, name)
 	switch {
 	case err != nil:
@@ -76,39 +83,49 @@ func (c *cli) unlock(args []string) int {
 		desc[i] = fmt.Sprintf("%s, hold count %d", h.describe(), h.Count)
 	}
 	held := fmt.Sprintf("held by %s, with %s of its lease left", strings.Join(desc, "; "), describeTTL(st.TTLMillis))
-
-	if !*yes {
-		fmt.Fprintf(c.stderr, "Lock %q is %s.\nRelease it? Its holder loses it and may still be working. [y/N] ", name, held)
-		answer, _ := bufio.NewReader(c.stdin).ReadString('\n')
-		switch strings.ToLower(strings.TrimSpace(answer)) {
-		case "y", "yes":
-		default:
-			fmt.Fprintln(c.stderr, "not released")
-			return exitDeclined
-		}
+	if !yes && !c.confirm(fmt.Sprintf("Lock %q is %s.\nRelease it? Its holder loses it and may still be working.", name, held)) {
+		fmt.Fprintln(c.stderr, "not released")
+		return exitDeclined
 	}
 
 	released, err := locks.ForceUnlock(ctx, name, owners...)
-	if err != nil {
+	switch {
+	case err != nil:
 		return c.fail(redisErr{err})
-	}
-	if !released {
-		// The holders seen are gone: released meanwhile, or replaced.
-		now, err := readStatus(ctx, locks, name)
-		if err != nil {
-			return c.fail(redisErr{err})
-		}
-		if !now.Held {
-			fmt.Fprintf(c.stdout, "lock %q was released meanwhile; nothing to release\n", name)
-			return exitOK
-		}
-		others := make([]string, len(now.Holders))
-		for i, h := range now.Holders {
-			others[i] = h.describe()
-		}
-		c.errorf("lock %q changed hands meanwhile (now held by %s); nothing released", name, strings.Join(others, ", "))
-		return exitDeclined
+	case !released:
+		return c.changedHands(ctx, locks, name)
 	}
 	fmt.Fprintf(c.stdout, "released lock %q, %s; its next waiter, if any, was told\n", name, held)
 	return exitOK
+}
+
+// confirm asks question on stderr and reports whether the answer on stdin
+// is yes.
+func (c *cli) confirm(question string) bool {
+	fmt.Fprintf(c.stderr, "%s [y/N] ", question)
+	answer, _ := bufio.NewReader(c.stdin).ReadString('\n')
+	switch strings.ToLower(strings.TrimSpace(answer)) {
+	case "y", "yes":
+		return true
+	}
+	return false
+}
+
+// changedHands reports a lock whose holders, as shown, were gone when the
+// release came: released meanwhile (done), or taken by another (declined).
+func (c *cli) changedHands(ctx context.Context, locks *remutex.Client, name string) int {
+	now, err := readStatus(ctx, locks, name)
+	if err != nil {
+		return c.fail(redisErr{err})
+	}
+	if !now.Held {
+		fmt.Fprintf(c.stdout, "lock %q was released meanwhile; nothing to release\n", name)
+		return exitOK
+	}
+	others := make([]string, len(now.Holders))
+	for i, h := range now.Holders {
+		others[i] = h.describe()
+	}
+	c.errorf("lock %q changed hands meanwhile (now held by %s); nothing released", name, strings.Join(others, ", "))
+	return exitDeclined
 }
