@@ -65,17 +65,6 @@ type Waiter struct {
 	Since time.Time // when it joined the queue, by the Redis server's clock
 }
 
-// admin is what Inspect and ForceUnlock need of a backend.
-type admin interface {
-	inspect(ctx context.Context, s *lockSpec, subscribers bool) (LockInfo, error)
-	forceUnlock(ctx context.Context, s *lockSpec, owners []string) (bool, error)
-}
-
-var (
-	_ admin = (*node)(nil)
-	_ admin = (*quorum)(nil)
-)
-
 // CheckName reports why NewMutex would refuse name: nil for a valid lock
 // name, else an error that matches ErrInvalidName and says why.
 func CheckName(name string) error {
@@ -102,7 +91,7 @@ func (c *Client) Inspect(ctx context.Context, name string) (LockInfo, error) {
 	if err != nil {
 		return LockInfo{}, err
 	}
-	info, err := c.be.(admin).inspect(ctx, s, true)
+	info, err := c.be.inspect(ctx, s, true)
 	if err != nil {
 		return LockInfo{Name: name, Key: s.hash()}, lockError(name, err)
 	}
@@ -132,7 +121,7 @@ func (c *Client) ForceUnlock(ctx context.Context, name string, owners ...string)
 	if err != nil {
 		return false, err
 	}
-	released, err = c.be.(admin).forceUnlock(ctx, s, owners)
+	released, err = c.be.forceUnlock(ctx, s, owners)
 	if err != nil {
 		return released, lockError(name, err)
 	}

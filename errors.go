@@ -165,3 +165,11 @@ func transient(err error) bool {
 	return strings.Contains(msg, "connection refused") || strings.Contains(msg, "connection reset") ||
 		strings.Contains(msg, "broken pipe") || strings.Contains(msg, "i/o timeout")
 }
+
+// Causes of a lost hold, wrapped in ErrLockLost.
+var (
+	errHoldGone = errors.New("the lock's key no longer holds this owner (expired, deleted or overwritten)")
+	errExpired  = errors.New("no renewal succeeded before the lease's validity deadline")
+	errDenied   = errors.New("renewal found the lock no longer held by this owner (its key expired, was deleted, or is held by another)")
+	errLeaseEnd = errors.New("the fixed lease ran out (WithoutRenewal)")
+)

@@ -115,6 +115,9 @@ type backend interface {
 	freshOwners() bool
 	// acked reports whether grants must be confirmed by an acknowledged call.
 	acked() bool
+	// inspect and forceUnlock serve Client.Inspect and Client.ForceUnlock.
+	inspect(ctx context.Context, s *lockSpec, subscribers bool) (LockInfo, error)
+	forceUnlock(ctx context.Context, s *lockSpec, owners []string) (bool, error)
 	subscriptions
 }
 

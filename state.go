@@ -1,7 +1,6 @@
 package remutex
 
 import (
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"time"
@@ -10,13 +9,6 @@ import (
 // Per-goroutine hold bookkeeping. The local hold count is the truth: scripts
 // are told the count a goroutine has and the count it wants. Everything here
 // is guarded by Client.mu.
-
-var (
-	errHoldGone = errors.New("the lock's key no longer holds this owner (expired, deleted or overwritten)")
-	errExpired  = errors.New("no renewal succeeded before the lease's validity deadline")
-	errDenied   = errors.New("renewal found the lock no longer held by this owner (its key expired, was deleted, or is held by another)")
-	errLeaseEnd = errors.New("the fixed lease ran out (WithoutRenewal)")
-)
 
 // closedChan is what Lost returns to a goroutine that holds nothing.
 var closedChan = func() chan struct{} { ch := make(chan struct{}); close(ch); return ch }()
