@@ -59,6 +59,7 @@ const (
 	replyBusy    = 0  // acquire: held by another owner
 	replyGranted = 1  // acquire: the lock is ours
 	replyQueued  = 2  // acquire: held by another; the caller waits in the queue
+	replyGone    = 3  // acquire: the caller's queue entry, known queued, is gone
 
 	releaseNotHeld = 0
 	releaseDone    = 1

@@ -446,7 +446,7 @@ func (s *subscriber) deny(err error) {
 // waiter; a grant for it is dropped: its waiter left the queue with a leave
 // call that also released the grant, or learnt of it from its own call.
 func (c *Client) dispatch(channel, payload string) {
-	key, _, ok := strings.Cut(channel, releasedInfix)
+	key, ok := strings.CutSuffix(channel, releasedInfix+c.id)
 	if !ok {
 		return
 	}

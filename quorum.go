@@ -202,17 +202,19 @@ func countAcquire(as []answer[reply]) (v acquireVotes) {
 	return v
 }
 
-// giveBack gives back what a failed try got on a minority of servers,
-// including grants that arrive after the try was decided, so that it blocks
-// nobody.
+// giveBack gives back what a failed try may have got on a minority of
+// servers, so that it blocks nobody: every server that granted it, or
+// failed to answer (the call may have been applied), including answers that
+// arrive after the try was decided.
 type giveBack struct {
 	mu     sync.Mutex
 	failed bool
 	late   []*node
 }
 
-// grantedLate takes a grant that came after the decision: given back at
-// once if the try failed, else kept until it is known.
+// grantedLate takes an answer that came after the decision and may hold
+// the lock: given back at once if the try failed, else kept until it is
+// known.
 func (g *giveBack) grantedLate(ctx context.Context, nd *node, s *lockSpec, owner interface{}) {
 	g.mu.Lock()
 	failed := g.failed
@@ -232,13 +234,19 @@ func (g *giveBack) fail(ctx context.Context, q *quorum, as []answer[reply], s *l
 	late := g.late
 	g.mu.Unlock()
 	for i, a := range as {
-		if a.err == nil && a.v.code == replyGranted {
+		if mayHold(a) && a.err != errNoAnswer {
 			late = append(late, q.nodes[i])
 		}
 	}
 	for _, nd := range late {
 		rollback(ctx, nd, s, owner)
 	}
+}
+
+// mayHold reports whether a server's answer leaves the try's owner
+// possibly holding the lock there: it granted, or its answer was lost.
+func mayHold(a answer[reply]) bool {
+	return a.err != nil || a.v.code == replyGranted
 }
 
 func (q *quorum) acquire(ctx context.Context, s *lockSpec, r acquireReq) (reply, error) {
@@ -253,7 +261,7 @@ func (q *quorum) acquire(ctx context.Context, s *lockSpec, r acquireReq) (reply,
 			return v.granted >= q.majority || v.granted+v.pending < q.majority
 		},
 		func(nd *node, a answer[reply]) {
-			if first && a.err == nil && a.v.code == replyGranted {
+			if first && mayHold(a) {
 				g.grantedLate(ctx, nd, s, r.owner)
 			}
 		})

@@ -36,8 +36,6 @@ type hold struct {
 	gid      int64
 	count    int
 	fence    int64
-	waitID   uint64      // the wait id of the attempt that took it, if it never
-	waitArg  interface{} // named a queue entry (boxed; nil once reused): see initAttemptLocked
 
 	acquired time.Time // when the hold began
 	valid    time.Time // validity deadline on the monotonic clock
@@ -168,10 +166,12 @@ func (m *DistMutex) dropHoldLocked(h *hold) {
 		return
 	}
 	if !m.reentrant {
+		// (Another goroutine's Lock may have replaced m.nr while this
+		// hold's final release settled.)
 		if m.nr == h {
 			m.nr = nil
-			st.extra--
 		}
+		st.extra--
 		return
 	}
 	for i, x := range st.holds {

@@ -17,7 +17,7 @@ type attempt struct {
 	owner    string
 	ownerArg interface{}
 	waitID   uint64      // names this wait's queue entry, with the owner
-	waitArg  interface{} // waitID, boxed; "" for TryLock
+	waitArg  interface{} // waitID, boxed ("" for TryLock); "+<id>" once the entry is known queued
 
 	watching    bool    // holds a reference to the lock's subscription
 	w           *waiter // the local waiter, once waiting
@@ -43,14 +43,9 @@ func (m *DistMutex) initAttemptLocked(a *attempt, gid int64, try bool) {
 		// Set per call in acquire.
 	case m.reentrant && st != nil && st.lastOwner != nil && st.lastOwner.gid == gid:
 		// The goroutine that held this lock last takes it again: reuse its
-		// owner token instead of building and boxing it anew, and its wait
-		// id if that never named a queue entry.
-		last := st.lastOwner
-		a.owner, a.ownerArg = last.owner, last.ownerArg
-		if !try && last.waitArg != nil {
-			a.waitID, a.waitArg = last.waitID, last.waitArg
-			last.waitArg = nil
-		}
+		// owner token instead of building and boxing it anew. (Never its
+		// wait id: a grant for an entry of that id may still be on its way.)
+		a.owner, a.ownerArg = st.lastOwner.owner, st.lastOwner.ownerArg
 	case m.reentrant:
 		a.owner = c.id + ":" + strconv.FormatInt(gid, 10)
 	default:
@@ -59,12 +54,9 @@ func (m *DistMutex) initAttemptLocked(a *attempt, gid int64, try bool) {
 	if a.ownerArg == nil {
 		a.ownerArg = a.owner
 	}
-	switch {
-	case try:
-		a.waitArg = "" // never queued
-	case a.waitArg == nil:
-		a.waitID = c.nextSeqLocked()
-		a.waitArg = a.waitID
+	a.waitArg = "" // TryLock: never queued
+	if !try {
+		a.newWaitIDLocked()
 	}
 }
 
@@ -94,6 +86,9 @@ func (a *attempt) run(ctx context.Context) (bool, error) {
 			return false, nil
 		case err == nil || transient(err):
 			return a.wait(ctx, r, err)
+		case ctx.Err() != nil:
+			// Redis may have applied the call whose reply never came.
+			return a.giveUp(ctx, err)
 		default:
 			return false, m.wrap(err)
 		}
@@ -127,6 +122,26 @@ func (a *attempt) call(ctx context.Context) (reply, error) {
 	})
 }
 
+// newWaitIDLocked gives the attempt a wait id of its own, and so a queue
+// entry no earlier grant can name.
+func (a *attempt) newWaitIDLocked() {
+	a.waitID = a.m.c.nextSeqLocked()
+	a.waitArg = a.waitID
+}
+
+// renewEntry is called when acquire says the attempt's queue entry is gone
+// (handed the lock, which then ended before the waiter took it, or expired):
+// the attempt queues again under a new entry, so that a grant of the old
+// one, still on its way, cannot be taken for the new wait.
+func (a *attempt) renewEntry() {
+	c := a.m.c
+	c.mu.Lock()
+	a.newWaitIDLocked()
+	c.mu.Unlock()
+	a.refreshed = time.Time{}
+	a.entryChanged()
+}
+
 // entry is the attempt's queue entry, as acquire.lua writes it.
 func (a *attempt) entry() string {
 	s := &a.m.spec
@@ -156,9 +171,6 @@ func (a *attempt) complete(ctx context.Context, fence int64, sent time.Time, d t
 	m := a.m
 	c := m.c
 	h := &hold{m: m, owner: a.owner, ownerArg: a.ownerArg, gid: a.gid, count: 1, fence: fence}
-	if a.w == nil && !a.try {
-		h.waitID, h.waitArg = a.waitID, a.waitArg // never named an entry: reusable
-	}
 	h.valid = sent.Add(validity(d))
 	h.next = sent.Add(d / 3) // from the send time, like valid: a slow reply leaves time to renew
 	now := time.Now()
@@ -214,6 +226,8 @@ func (a *attempt) wait(ctx context.Context, r reply, err error) (_ bool, failed 
 				return held, err
 			}
 			// Granted too late to be valid, and released again: look again.
+		case err == nil && r.code == replyGone:
+			a.renewEntry() // and queue again at once
 		default:
 			a.note(r, err)
 			granted, fence, err := a.sleep(ctx)
@@ -272,6 +286,13 @@ func (a *attempt) note(r reply, err error) {
 	a.split = r.split
 	if r.code == replyQueued {
 		a.refreshed, a.heard = a.sent, a.heardAtSend
+		if id, ok := a.waitArg.(uint64); ok && !a.m.c.be.freshOwners() {
+			// From now on the entry is known queued: a call that finds it
+			// gone must not add it again (see renewEntry). (A quorum's
+			// entries change with every try's owner, and are never
+			// handed the lock.)
+			a.waitArg = "+" + strconv.FormatUint(id, 10)
+		}
 	}
 	if !a.split {
 		a.splitBo = backoff{first: time.Millisecond, limit: 50 * time.Millisecond}
@@ -290,7 +311,7 @@ func (a *attempt) sleep(ctx context.Context) (granted bool, fence int64, err err
 	default:
 	}
 	ready := c.be.ready(a.m.spec.channel)
-	if a.heard || c.be.polling() {
+	if a.heard || c.be.polling() || a.lastErr != nil {
 		ready = nil // nothing to look again for when it is confirmed
 	} else if isClosed(ready) {
 		return false, 0, nil // confirmed since the call: a message may have been missed

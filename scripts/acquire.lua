@@ -12,7 +12,8 @@
 -- Returns {1, fence} granted (or already ours: a resend, or a grant that
 -- reached the waiter before its message); {0, pttl} held by another;
 -- {2, pttl} held by another and the caller waits in the queue (entry added
--- or its liveness refreshed); {-1, 0} a nested acquire found its hold gone.
+-- or its liveness refreshed); {3, 0} the caller's entry, known queued, is
+-- gone; {-1, 0} a nested acquire found its hold gone.
 --
 -- Counts are absolute: applied twice, a call changes nothing the second time.
 local hash, queue = KEYS[1], KEYS[3]
@@ -59,11 +60,15 @@ if fencing ~= '0' then
   if bad then return bad end
 end
 
-local entry = nil
+-- A wait id of '+<id>' says the entry is known queued: if it is gone (it was
+-- handed the lock, which ended before the waiter took it, or it expired),
+-- the waiter must queue again under a new id, not this one (reply 3).
+local entry, known = nil, false
 if ARGV[6] ~= '' then
-  local f = '1'
+  local f, id = '1', ARGV[6]
   if fencing == '0' then f = '0' end
-  entry = entry_of(claim, f, ARGV[6], owner)
+  if string.sub(id, 1, 1) == '+' then id, known = string.sub(id, 2), true end
+  entry = entry_of(claim, f, id, owner)
 end
 
 if cur then
@@ -80,6 +85,8 @@ if cur then
   end
   return {1, f}
 end
+
+if known and not redis.pcall('zscore', alive, entry) then return {3, 0} end
 
 local now = now_us()
 if redis.call('exists', hash) == 0 then

@@ -1,0 +1,148 @@
+package remutex
+
+// Interleavings of the wait path that only show rarely, provoked.
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestStaleGrantAfterEntryGone: a waiter's queue entry vanishes (it was
+// handed the lock, whose claim ran out before the grant message arrived, or
+// it expired). The waiter queues again under a new entry, and the old grant,
+// arriving late, is not taken for the new wait: that would let two holders in.
+func TestStaleGrantAfterEntryGone(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *testBackend) {
+		name := lockName(t)
+		k := keysOf(name)
+		ctx := context.Background()
+		rdb := b.rdb(t)
+		holder := b.client(t).NewMutex(name)
+		holder.Lock()
+		wc := b.client(t)
+		w := goLock(t, wc.NewMutex(name))
+		var old string
+		waitFor(t, "the waiter in the queue", func() bool {
+			e := rdb.ZRange(ctx, k.queue, 0, -1).Val()
+			if len(e) == 1 {
+				old = e[0]
+			}
+			return len(e) == 1
+		})
+		require.NoError(t, rdb.Del(ctx, k.queue, k.alive).Err()) // the entry is gone
+		if b.mr != nil {
+			b.mr.FastForward(maxQueueTTL) // the waiter's next refresh is due
+		}
+		waitFor(t, "the waiter queued again under a new entry", func() bool {
+			e := rdb.ZRange(ctx, k.queue, 0, -1).Val()
+			return len(e) == 1 && e[0] != old
+		})
+		// The grant of the old entry arrives now.
+		wc.dispatch(k.channel+wc.id, "g 0 "+old)
+		select {
+		case err := <-w.locked:
+			t.Fatalf("waiter returned from Lock (%v) on a stale grant while another holds the lock", err)
+		case <-time.After(100 * time.Millisecond): // a grant taken would have returned at once
+		}
+		holder.Unlock()
+		require.NoError(t, await(t, w.locked, "the waiter to get the lock after the release"))
+		w.release()
+		require.NoError(t, await(t, w.unlocked, "the waiter to unlock"))
+	})
+}
+
+// TestWaiterBacksOffOnErrors: a waiter whose calls fail with a transient
+// error (a dropped connection, a failover in progress) retries with
+// backoff, also once its subscription is confirmed: it never spins.
+func TestWaiterBacksOffOnErrors(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *testBackend) {
+		name := lockName(t)
+		holder := b.client(t).NewMutex(name)
+		holder.Lock()
+		var (
+			mu    sync.Mutex
+			calls []time.Time
+			fail  atomic.Bool
+		)
+		rdb := b.rdb(t)
+		rdb.AddHook(hookFuncs{process: func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
+			if s, _ := scriptCall(cmd); s == "acquire" && fail.Load() {
+				mu.Lock()
+				calls = append(calls, time.Now())
+				mu.Unlock()
+				err := transientErr()
+				cmd.SetErr(err)
+				return err
+			}
+			return next(ctx, cmd)
+		}})
+		fail.Store(true)
+		w := goLock(t, clientOn(t, rdb).NewMutex(name))
+		waitFor(t, "ten failed calls", func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return len(calls) >= 10
+		})
+		mu.Lock()
+		for i := 1; i < len(calls); i++ {
+			// The backoff starts at 10ms, with jitter down to half of it.
+			assert.GreaterOrEqual(t, calls[i].Sub(calls[i-1]), 4*time.Millisecond, "pause before retry %d", i)
+		}
+		mu.Unlock()
+		fail.Store(false)
+		holder.Unlock()
+		require.NoError(t, await(t, w.locked, "the waiter to get the lock once Redis answers"))
+		w.release()
+		require.NoError(t, await(t, w.unlocked, "the waiter to unlock"))
+	})
+}
+
+// TestLockContextEndsDuringFirstCall: the context of a LockContext ends
+// while its first call is out, after Redis applied it (the reply is lost).
+// Nothing may stay behind: no hold, no queue entry.
+func TestLockContextEndsDuringFirstCall(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *testBackend) {
+		for _, busy := range []bool{false, true} {
+			name := lockName(t)
+			k := keysOf(name)
+			ctx := context.Background()
+			rdb := b.rdb(t)
+			var holder *DistMutex
+			if busy {
+				holder = b.client(t).NewMutex(name)
+				holder.Lock()
+			}
+			wctx, cancel := context.WithCancel(ctx)
+			var once sync.Once
+			wrdb := b.rdb(t)
+			wrdb.AddHook(hookFuncs{process: func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
+				err := next(ctx, cmd)
+				if s, _ := scriptCall(cmd); s == "acquire" && err == nil {
+					lost := false
+					once.Do(func() { lost = true })
+					if lost {
+						cancel() // the reply is lost with the context's end
+						cmd.SetErr(context.Canceled)
+						return context.Canceled
+					}
+				}
+				return err
+			}})
+			m := clientOn(t, wrdb).NewMutex(name)
+			assert.ErrorIs(t, m.LockContext(wctx), context.Canceled, "busy=%v", busy)
+			assert.Equal(t, 0, m.HoldCount())
+			if busy {
+				assert.Equal(t, int64(0), rdb.Exists(ctx, k.queue, k.alive).Val(), "queue keys left behind (busy)")
+				holder.Unlock()
+			}
+			assert.Equal(t, int64(0), rdb.Exists(ctx, k.hash).Val(), "hold left behind (busy=%v)", busy)
+		}
+	})
+}
