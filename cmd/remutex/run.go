@@ -228,7 +228,12 @@ func (c *cli) runLocked(cfg runConfig) int {
 		cmd.Env = append(os.Environ(), cfg.fenceEnv+"="+strconv.FormatInt(m.Fence(), 10))
 	}
 	status, lostSeen := c.supervise(cmd, cfg, sigs, lost)
+	return c.unlockAfter(m, status, lostSeen)
+}
 
+// unlockAfter unlocks m once the command is done, and returns remutex's exit
+// status: the command's, or exitLost if the lease was lost meanwhile.
+func (c *cli) unlockAfter(m *remutex.DistMutex, status int, lostSeen bool) int {
 	uctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	uerr := m.UnlockContext(uctx)
