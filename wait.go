@@ -25,7 +25,7 @@ type attempt struct {
 	sent        time.Time // send time of the latest call
 	refreshed   time.Time // send time of the latest call that kept the entry alive
 	heard       bool      // the subscription was confirmed before the entry's latest refresh was sent
-	heardAtSend bool
+	heardAtSend bool      // the subscription was confirmed when the latest call was sent
 	pttl        time.Duration
 	split       bool  // quorum: contenders split the servers; hold off a while
 	lastErr     error // the transient error being retried, or nil
