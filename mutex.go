@@ -374,7 +374,7 @@ func (m *DistMutex) lock(ctx context.Context, try, plain bool) (bool, error) {
 	c.mu.Unlock()
 	held, err := a.run(ctx)
 	if try && err != nil && ctx.Err() != nil {
-		m.undoTry(ctx, a.ownerArg)
+		m.undoTry(ctx, a.owner)
 	}
 	return held, err
 }
@@ -413,7 +413,7 @@ func (m *DistMutex) nested(ctx context.Context, h *hold, try, plain bool) (bool,
 			return false, m.wrap(lost)
 		}
 		sent := time.Now()
-		r, err := c.be.acquire(ctx, &m.spec, acquireReq{owner: h.ownerArg, have: have, want: have + 1, lease: m.spec.keepArg})
+		r, err := c.be.acquire(ctx, &m.spec, acquireReq{owner: h.owner, have: have, want: have + 1, lease: m.spec.keepArg})
 		switch {
 		case err == nil && r.code == replyGranted:
 			c.mu.Lock()
@@ -494,7 +494,7 @@ func (m *DistMutex) unlock(ctx context.Context, plain bool) error {
 		if want == 0 {
 			// The lock may still be ours on the server (lost by the local
 			// deadline during a partition): free it for the others.
-			rollback(ctx, c.be, &m.spec, h.ownerArg)
+			rollback(ctx, c.be, &m.spec, h.owner)
 		}
 		return m.wrap(lost)
 	}
@@ -509,7 +509,7 @@ func (m *DistMutex) unlock(ctx context.Context, plain bool) error {
 // while the hold can be valid, for at most unlockTimeout.
 func (m *DistMutex) release(ctx context.Context, h *hold, want int, valid time.Time) (int64, time.Time, error) {
 	sent := time.Now()
-	res, err := m.c.be.release(ctx, &m.spec, h.ownerArg, want, m.spec.keepArg)
+	res, err := m.c.be.release(ctx, &m.spec, h.owner, want, m.spec.keepArg)
 	if err == nil || !transient(err) {
 		return res, sent, err
 	}
@@ -526,7 +526,7 @@ func (m *DistMutex) release(ctx context.Context, h *hold, want int, valid time.T
 			return 0, sent, m.ctxErr(ctx, err)
 		}
 		sent = time.Now()
-		res, err = m.c.be.release(ctx, &m.spec, h.ownerArg, want, m.spec.keepArg)
+		res, err = m.c.be.release(ctx, &m.spec, h.owner, want, m.spec.keepArg)
 	}
 	return res, sent, err
 }

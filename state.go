@@ -30,12 +30,11 @@ func (st *lockState) idle() bool { return len(st.holds) == 0 && st.extra == 0 &&
 // hold is one acquisition: a goroutine's (NonReentrant: a DistMutex's) from
 // the first Lock to the last Unlock.
 type hold struct {
-	m        *DistMutex
-	owner    string
-	ownerArg interface{}
-	gid      int64
-	count    int
-	fence    int64
+	m     *DistMutex
+	owner interface{} // the owner token (a string), boxed once for script calls
+	gid   int64
+	count int
+	fence int64
 
 	acquired time.Time // when the hold began
 	valid    time.Time // validity deadline on the monotonic clock
@@ -203,7 +202,7 @@ func (c *Client) loseLocked(h *hold, cause error) []notice {
 		close(h.lostCh)
 	}
 	c.wd.removeLocked(h)
-	c.log.Warn("remutex: lock lost", "lock", h.m.spec.name, "owner", h.owner, "fence", h.fence, "cause", cause.Error())
+	c.log.Warn("remutex: lock lost", "lock", h.m.spec.name, "owner", ownerString(h.owner), "fence", h.fence, "cause", cause.Error())
 	err := h.m.wrap(h.lostErr)
 	return []notice{{err: err, ev: h.event(EventLost, time.Since(h.acquired), err)}}
 }
@@ -231,4 +230,10 @@ func (b *backoff) next() time.Duration {
 		b.d = min(2*b.d, b.limit)
 	}
 	return b.d/2 + jitter(b.d/2)
+}
+
+// ownerString is an owner token as text.
+func ownerString(owner interface{}) string {
+	s, _ := owner.(string)
+	return s
 }

@@ -14,10 +14,9 @@ type attempt struct {
 	try   bool // TryLock: one call, never queued
 	start time.Time
 
-	owner    string
-	ownerArg interface{}
-	waitID   uint64      // names this wait's queue entry, with the owner
-	waitArg  interface{} // waitID, boxed ("" for TryLock); "+<id>" once the entry is known queued
+	owner   interface{} // the owner token (a string), boxed once for script calls
+	waitID  uint64      // names this wait's queue entry, with the owner
+	waitArg interface{} // waitID, boxed ("" for TryLock); "+<id>" once the entry is known queued
 
 	watching    bool    // holds a reference to the lock's subscription
 	w           *waiter // the local waiter, once waiting
@@ -45,14 +44,11 @@ func (m *DistMutex) initAttemptLocked(a *attempt, gid int64, try bool) {
 		// The goroutine that held this lock last takes it again: reuse its
 		// owner token instead of building and boxing it anew. (Never its
 		// wait id: a grant for an entry of that id may still be on its way.)
-		a.owner, a.ownerArg = st.lastOwner.owner, st.lastOwner.ownerArg
+		a.owner = st.lastOwner.owner
 	case m.reentrant:
 		a.owner = c.id + ":" + strconv.FormatInt(gid, 10)
 	default:
 		a.owner = c.id + ":n" + strconv.FormatUint(c.nextSeqLocked(), 10)
-	}
-	if a.ownerArg == nil {
-		a.ownerArg = a.owner
 	}
 	a.waitArg = "" // TryLock: never queued
 	if !try {
@@ -112,13 +108,12 @@ func (a *attempt) call(ctx context.Context) (reply, error) {
 		c.mu.Lock()
 		a.owner = c.id + ":" + strconv.FormatInt(a.gid, 10) + "." + strconv.FormatUint(c.nextSeqLocked(), 10)
 		c.mu.Unlock()
-		a.ownerArg = a.owner
 		a.entryChanged()
 	}
 	a.heardAtSend = a.watching && isClosed(c.be.ready(m.spec.channel))
 	a.sent = time.Now()
 	return c.be.acquire(ctx, &m.spec, acquireReq{
-		owner: a.ownerArg, want: 1, lease: m.spec.leaseArg, fence: m.spec.fence, waitID: a.waitArg,
+		owner: a.owner, want: 1, lease: m.spec.leaseArg, fence: m.spec.fence, waitID: a.waitArg,
 	})
 }
 
@@ -149,7 +144,7 @@ func (a *attempt) entry() string {
 	if s.fence != fenceOff {
 		f = "1"
 	}
-	return s.claimMs + ":" + f + ":" + strconv.FormatUint(a.waitID, 10) + ":" + a.owner
+	return s.claimMs + ":" + f + ":" + strconv.FormatUint(a.waitID, 10) + ":" + ownerString(a.owner)
 }
 
 // entryChanged tells the local waiter, if any, the attempt's current entry.
@@ -170,7 +165,7 @@ func (a *attempt) entryChanged() {
 func (a *attempt) complete(ctx context.Context, fence int64, sent time.Time, d time.Duration) (bool, error) {
 	m := a.m
 	c := m.c
-	h := &hold{m: m, owner: a.owner, ownerArg: a.ownerArg, gid: a.gid, count: 1, fence: fence}
+	h := &hold{m: m, owner: a.owner, gid: a.gid, count: 1, fence: fence}
 	h.valid = sent.Add(validity(d))
 	h.next = sent.Add(d / 3) // from the send time, like valid: a slow reply leaves time to renew
 	now := time.Now()
@@ -178,7 +173,7 @@ func (a *attempt) complete(ctx context.Context, fence int64, sent time.Time, d t
 	if c.closed || !now.Before(h.valid) {
 		closed := c.closed
 		c.mu.Unlock()
-		rollback(ctx, c.be, &m.spec, a.ownerArg)
+		rollback(ctx, c.be, &m.spec, a.owner)
 		if closed {
 			return false, m.wrap(ErrClosed)
 		}
@@ -213,7 +208,7 @@ func (a *attempt) wait(ctx context.Context, r reply, err error) (_ bool, failed 
 	if c := a.m.c; c.hook != nil {
 		start := time.Now()
 		defer func() {
-			c.emit(Event{Kind: EventWaited, Lock: a.m.spec.name, Owner: a.owner, Duration: time.Since(start), Err: failed})
+			c.emit(Event{Kind: EventWaited, Lock: a.m.spec.name, Owner: ownerString(a.owner), Duration: time.Since(start), Err: failed})
 		}()
 	}
 	for {
@@ -393,7 +388,7 @@ func (a *attempt) giveUp(ctx context.Context, cause error) (bool, error) {
 	m := a.m
 	c := m.c
 	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), max(m.spec.ttl, time.Second))
-	err := c.be.leave(lctx, &m.spec, a.ownerArg, a.entry())
+	err := c.be.leave(lctx, &m.spec, a.owner, a.entry())
 	cancel()
 	if err != nil {
 		// The entry dies by its liveness deadline, a grant by its claim lease.
