@@ -52,6 +52,7 @@ type Event struct {
 	Fence    int64         // the hold's fencing token, 0 without WithFencing
 	Duration time.Duration // see the EventKind
 	Err      error         // EventWaited (gave up) and EventLost
+	Read     bool          // a read hold of a DistRWMutex (false for a DistMutex and for write holds)
 }
 
 // WithHook sets a function that is called for every Event of the Client's
