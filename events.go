@@ -89,5 +89,5 @@ func (c *Client) emit(ev Event) {
 
 // event builds an Event about hold h.
 func (h *hold) event(kind EventKind, d time.Duration, err error) Event {
-	return Event{Kind: kind, Lock: h.m.spec.name, Owner: ownerString(h.owner), Fence: h.fence, Duration: d, Err: err}
+	return Event{Kind: kind, Lock: h.m.spec.name, Owner: ownerString(h.owner), Fence: h.fence, Duration: d, Err: err, Read: h.m.spec.read}
 }

@@ -3,6 +3,7 @@ package remutex
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"time"
 )
 
@@ -131,7 +132,16 @@ func (c *Client) nextSeqLocked() uint64 {
 // holdLocked returns the hold of goroutine gid (NonReentrant: of m), or nil.
 func (m *DistMutex) holdLocked(gid int64) *hold {
 	if !m.reentrant {
-		return m.nr
+		// The latest hold whose final release is not in flight already.
+		for i := len(m.nr) - 1; i >= 0; i-- {
+			if !m.nr[i].ending {
+				return m.nr[i]
+			}
+		}
+		if len(m.nr) > 0 {
+			return m.nr[len(m.nr)-1]
+		}
+		return nil
 	}
 	st := m.c.locks[m.spec.hash()]
 	if st == nil {
@@ -151,7 +161,17 @@ func (m *DistMutex) addHoldLocked(h *hold) {
 		st.holds = append(st.holds, h)
 		st.lastOwner = h
 	} else {
-		m.nr = h
+		if !m.spec.read {
+			// A mutex has one hold: one still listed was lost and never
+			// unlocked (or its final release is in flight, and it goes
+			// when that settles).
+			for _, old := range slices.Clone(m.nr) {
+				if !old.ending {
+					m.dropHoldLocked(old)
+				}
+			}
+		}
+		m.nr = append(m.nr, h)
 		st.extra++
 	}
 }
@@ -165,20 +185,20 @@ func (m *DistMutex) dropHoldLocked(h *hold) {
 		return
 	}
 	if !m.reentrant {
-		// (Another goroutine's Lock may have replaced m.nr while this
-		// hold's final release settled.)
-		if m.nr == h {
-			m.nr = nil
-		}
+		m.nr = removeHold(m.nr, h)
 		st.extra--
 		return
 	}
-	for i, x := range st.holds {
+	st.holds = removeHold(st.holds, h)
+}
+
+func removeHold(hs []*hold, h *hold) []*hold {
+	for i, x := range hs {
 		if x == h {
-			st.holds = append(st.holds[:i], st.holds[i+1:]...)
-			break
+			return append(hs[:i], hs[i+1:]...)
 		}
 	}
+	return hs
 }
 
 func (st *lockState) removeWaiterLocked(w *waiter) {
