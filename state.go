@@ -24,6 +24,48 @@ type lockState struct {
 	// lastOwner is the latest reentrant hold, kept so that the goroutine that
 	// held the lock last can take it again without building its owner token.
 	lastOwner *hold
+	// early are messages for queue entries that had no local waiter yet: the
+	// call that queued a waiter may return after its grant was sent.
+	early []early
+}
+
+// early is a message that came before its waiter was registered.
+type early struct {
+	entry   string
+	granted bool
+	fence   int64
+	at      time.Time
+}
+
+// maxEarly bounds the messages kept for waiters not registered yet; they
+// are kept no longer than an entry lives without a refresh.
+const maxEarly = 64
+
+// keepEarlyLocked keeps a message whose waiter is not registered (yet).
+func (st *lockState) keepEarlyLocked(e early) {
+	keep := st.early[:0]
+	for _, x := range st.early {
+		if e.at.Sub(x.at) < maxQueueTTL {
+			keep = append(keep, x)
+		}
+	}
+	if len(keep) == maxEarly {
+		keep = append(keep[:0], keep[1:]...)
+	}
+	st.early = append(keep, e)
+}
+
+// claimEarlyLocked hands w a message for its entry that came before it was
+// registered.
+func (st *lockState) claimEarlyLocked(w *waiter) {
+	for i, e := range st.early {
+		if e.entry == w.entry {
+			w.granted, w.fence = e.granted, e.fence
+			w.signal()
+			st.early = append(st.early[:i], st.early[i+1:]...)
+			return
+		}
+	}
 }
 
 func (st *lockState) idle() bool { return len(st.holds) == 0 && st.extra == 0 && len(st.waiters) == 0 }
@@ -88,8 +130,11 @@ func (w *waiter) signal() {
 }
 
 // stateLocked returns the lock's state, creating it if needed.
-func (c *Client) stateLocked(m *DistMutex) *lockState {
-	key := m.spec.hash()
+func (c *Client) stateLocked(m *DistMutex) *lockState { return c.stateOfLocked(m.spec.hash()) }
+
+// stateOfLocked returns the state of the lock whose holds live in key,
+// creating it if needed.
+func (c *Client) stateOfLocked(key string) *lockState {
 	if st, ok := c.locks[key]; ok {
 		return st
 	}

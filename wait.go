@@ -151,9 +151,13 @@ func (a *attempt) entryChanged() {
 		return
 	}
 	e := a.entry()
-	a.m.c.mu.Lock()
+	c := a.m.c
+	c.mu.Lock()
 	a.w.entry = e
-	a.m.c.mu.Unlock()
+	if st := c.locks[a.m.spec.hash()]; st != nil {
+		st.claimEarlyLocked(a.w)
+	}
+	c.mu.Unlock()
 }
 
 // complete records a granted lock as the goroutine's hold. The grant was
@@ -248,6 +252,7 @@ func (a *attempt) enter() {
 	c.mu.Lock()
 	st := c.stateLocked(a.m)
 	st.waiters = append(st.waiters, a.w)
+	st.claimEarlyLocked(a.w)
 	c.mu.Unlock()
 	if !a.watching {
 		a.watching = c.be.watch(a.m.spec.channel, true)
