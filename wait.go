@@ -14,10 +14,14 @@ type attempt struct {
 	try   bool // TryLock: one call, never queued
 	start time.Time
 
-	owner   interface{} // the owner token (a string), boxed once for script calls
-	pinned  bool        // owner is the goroutine's write hold's: a read under it
-	waitID  uint64      // names this wait's queue entry, with the owner
-	waitArg interface{} // waitID, boxed ("" for TryLock); "+<id>" once the entry is known queued
+	owner  interface{} // the owner token (a string), boxed once for script calls
+	pinned bool        // owner is the goroutine's write hold's: a read under it
+	// entryOwner is the owner its queue entry names where that is not the
+	// owner of each try: a quorum's tries each have a token of their own,
+	// and its wait keeps one entry.
+	entryOwner string
+	waitID     uint64      // names this wait's queue entry, with the owner
+	waitArg    interface{} // waitID, boxed ("" for TryLock); "+<id>" once the entry is known queued
 
 	watching    bool    // holds a reference to the lock's subscription
 	w           *waiter // the local waiter, once waiting
@@ -42,6 +46,7 @@ func (m *DistMutex) initAttemptLocked(a *attempt, gid int64, try bool) {
 	case m.pinnedOwnerLocked(a, gid):
 	case c.be.freshOwners():
 		// Set per call in acquire.
+		a.entryOwner = c.id + ":" + strconv.FormatInt(gid, 10)
 	case m.reentrant && st != nil && st.lastOwner != nil && st.lastOwner.gid == gid:
 		// The goroutine that held this lock last takes it again: reuse its
 		// owner token instead of building and boxing it anew. (Never its
@@ -110,7 +115,9 @@ func (a *attempt) call(ctx context.Context) (reply, error) {
 		c.mu.Lock()
 		a.owner = c.id + ":" + strconv.FormatInt(a.gid, 10) + "." + strconv.FormatUint(c.nextSeqLocked(), 10)
 		c.mu.Unlock()
-		a.entryChanged()
+		if !a.try {
+			a.waitArg = strconv.FormatUint(a.waitID, 10) + " " + a.entryOwner
+		}
 	}
 	a.heardAtSend = a.watching && isClosed(c.be.ready(m.spec.channel))
 	a.sent = time.Now()
@@ -142,7 +149,11 @@ func (a *attempt) renewEntry() {
 // entry is the attempt's queue entry, as acquire.lua writes it.
 func (a *attempt) entry() string {
 	s := &a.m.spec
-	return s.claimMs + ":" + s.flag + ":" + strconv.FormatUint(a.waitID, 10) + ":" + ownerString(a.owner)
+	owner := a.entryOwner
+	if owner == "" {
+		owner = ownerString(a.owner)
+	}
+	return s.claimMs + ":" + s.flag + ":" + strconv.FormatUint(a.waitID, 10) + ":" + owner
 }
 
 // entryChanged tells the local waiter, if any, the attempt's current entry.
@@ -287,7 +298,7 @@ func (a *attempt) note(r reply, err error) {
 		if id, ok := a.waitArg.(uint64); ok && !a.m.c.be.freshOwners() {
 			// From now on the entry is known queued: a call that finds it
 			// gone must not add it again (see renewEntry). (A quorum's
-			// entries change with every try's owner, and are never
+			// entries, on servers that may not all have them, are never
 			// handed the lock.)
 			a.waitArg = "+" + strconv.FormatUint(id, 10)
 		}

@@ -63,13 +63,7 @@ end
 -- A wait id of '+<id>' says the entry is known queued: if it is gone (it was
 -- handed the lock, which ended before the waiter took it, or it expired),
 -- the waiter must queue again under a new id, not this one (reply 3).
-local entry, known = nil, false
-if ARGV[6] ~= '' then
-  local f, id = '1', ARGV[6]
-  if fencing == '0' then f = '0' end
-  if string.sub(id, 1, 1) == '+' then id, known = string.sub(id, 2), true end
-  entry = entry_of(claim, f, id, owner)
-end
+local entry, known = wait_entry(fencing == '0' and '0' or '1')
 
 if cur then
   -- Our field exists: a resend of an acquire that was applied, or a queue

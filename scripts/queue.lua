@@ -76,6 +76,21 @@ local function entry_of(claim, fencing, id, owner)
   return claim .. ':' .. fencing .. ':' .. id .. ':' .. owner
 end
 
+-- The caller's entry, from its wait id ARGV[6]: '' none (TryLock: never
+-- queued); '<id>', or '+<id>' once known queued (then known is true); either
+-- followed by ' <owner>' where the entry names an owner other than the
+-- call's (a quorum, whose tries each have a token of their own, keeps one
+-- entry per wait).
+local function wait_entry(flag)
+  local id, eo = ARGV[6], ARGV[1]
+  if id == '' then return nil, false end
+  local sp = string.find(id, ' ', 1, true)
+  if sp then id, eo = string.sub(id, 1, sp - 1), string.sub(id, sp + 1) end
+  local known = string.sub(id, 1, 1) == '+'
+  if known then id = string.sub(id, 2) end
+  return entry_of(claim, flag, id, eo), known
+end
+
 local function drop_entry(e)
   redis.call('zrem', KEYS[3], e)
   redis.call('zrem', alive, e)

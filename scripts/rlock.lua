@@ -50,13 +50,7 @@ if fencing ~= '0' then
   if bad then return bad end
 end
 
-local entry, known = nil, false
-if ARGV[6] ~= '' then
-  local f, id = 'R', ARGV[6]
-  if fencing == '0' then f = 'r' end
-  if string.sub(id, 1, 1) == '+' then id, known = string.sub(id, 2), true end
-  entry = entry_of(claim, f, id, owner)
-end
+local entry, known = wait_entry(fencing == '0' and 'r' or 'R')
 
 local function take()
   add_reader(owner, ms, lease)

@@ -45,13 +45,7 @@ if fencing ~= '0' then
   if bad then return bad end
 end
 
-local entry, known = nil, false
-if ARGV[6] ~= '' then
-  local f, id = 'W', ARGV[6]
-  if fencing == '0' then f = 'w' end
-  if string.sub(id, 1, 1) == '+' then id, known = string.sub(id, 2), true end
-  entry = entry_of(claim, f, id, owner)
-end
+local entry, known = wait_entry(fencing == '0' and 'w' or 'W')
 
 local function take(f)
   redis.call('hset', hash, owner, want)
