@@ -1,0 +1,3 @@
+// Package remutexotel records the locks of a remutex Client as
+// OpenTelemetry metrics and traces.
+package remutexotel
