@@ -117,38 +117,39 @@ func (h *Hook) Record(ev remutex.Event) {
 		ctx = context.Background()
 	}
 	l := h.names.get(ev.Lock).mode(ev.Read)
+	in := &h.inst
 	switch ev.Kind {
 	case remutex.EventAcquired:
-		h.inst.acquisitions.Add(ctx, 1, l.acquired[handoffOf(ev.Granted)])
-		h.inst.held.Add(ctx, 1, l.base)
-		h.inst.wait.Record(ctx, seconds(ev.Duration), l.waitAcquired)
+		in.acquisitions.Add(ctx, 1, l.acquired[handoffOf(ev.Granted)].add...)
+		in.held.Add(ctx, 1, l.base.add...)
+		in.wait.Record(ctx, seconds(ev.Duration), l.waitAcquired.rec...)
 		h.spans.acquired(ctx, ev)
 	case remutex.EventWaiting:
-		h.inst.waiting.Add(ctx, 1, l.base)
+		in.waiting.Add(ctx, 1, l.base.add...)
 	case remutex.EventWaited:
-		h.inst.waiting.Add(ctx, -1, l.base)
+		in.waiting.Add(ctx, -1, l.base.add...)
 		if ev.Err != nil {
 			outcome := outcomeOf(ev.Err)
-			h.inst.wait.Record(ctx, seconds(ev.Duration), l.with(attrOutcome.String(outcome)))
+			in.wait.Record(ctx, seconds(ev.Duration), l.with(attrOutcome.String(outcome)).rec...)
 			h.spans.gaveUp(ctx, ev, outcome)
 		}
 	case remutex.EventReleased:
-		h.inst.held.Add(ctx, -1, l.base)
+		in.held.Add(ctx, -1, l.base.add...)
 		end := l.released
 		if ev.Err != nil {
 			end = l.releaseFailed
 		}
-		h.inst.hold.Record(ctx, seconds(ev.Duration), end)
+		in.hold.Record(ctx, seconds(ev.Duration), end.rec...)
 		h.spans.ended(ev)
 	case remutex.EventLost:
-		h.inst.held.Add(ctx, -1, l.base)
-		h.inst.hold.Record(ctx, seconds(ev.Duration), l.lost)
-		h.inst.losses.Add(ctx, 1, l.with(attrReason.String(reasonOf(ev.Reason))))
+		in.held.Add(ctx, -1, l.base.add...)
+		in.hold.Record(ctx, seconds(ev.Duration), l.lost.rec...)
+		in.losses.Add(ctx, 1, l.with(attrReason.String(reasonOf(ev.Reason))).add...)
 		h.spans.ended(ev)
 	case remutex.EventRenewed:
-		h.inst.renewals.Add(ctx, 1, l.base)
+		in.renewals.Add(ctx, 1, l.base.add...)
 	case remutex.EventRenewFailed:
-		h.inst.renewFailures.Add(ctx, 1, l.base)
+		in.renewFailures.Add(ctx, 1, l.base.add...)
 		h.spans.renewFailed(ev)
 	}
 }

@@ -71,20 +71,27 @@ func (a *lockAttrs) mode(read bool) *modeAttrs {
 	return &a.write
 }
 
-// modeAttrs are the measurement options of one name and mode.
+// modeAttrs are the measurement options of one name and mode, as the
+// slices the instruments take, so that recording allocates nothing.
 type modeAttrs struct {
 	kv            []attribute.KeyValue // name and mode
-	base          metric.MeasurementOption
-	acquired      [2]metric.MeasurementOption // by handoffOf
-	waitAcquired  metric.MeasurementOption
-	released      metric.MeasurementOption
-	releaseFailed metric.MeasurementOption
-	lost          metric.MeasurementOption
+	base          opts
+	acquired      [2]opts // by handoffOf
+	waitAcquired  opts
+	released      opts
+	releaseFailed opts
+	lost          opts
+}
+
+// opts are the options of one attribute set, for both kinds of instrument.
+type opts struct {
+	add []metric.AddOption
+	rec []metric.RecordOption
 }
 
 func newModeAttrs(name, mode string) modeAttrs {
 	a := modeAttrs{kv: []attribute.KeyValue{attrName.String(name), attrMode.String(mode)}}
-	a.base = metric.WithAttributeSet(attribute.NewSet(a.kv...))
+	a.base = a.with()
 	a.acquired[0] = a.with(attrHandoff.String(handoffFree))
 	a.acquired[1] = a.with(attrHandoff.String(handoffGrant))
 	a.waitAcquired = a.with(attrOutcome.String(outcomeAcquired))
@@ -94,9 +101,10 @@ func newModeAttrs(name, mode string) modeAttrs {
 	return a
 }
 
-// with returns the name and mode and more, as a measurement option.
-func (a *modeAttrs) with(more ...attribute.KeyValue) metric.MeasurementOption {
+// with returns the options of the name and mode and more.
+func (a *modeAttrs) with(more ...attribute.KeyValue) opts {
 	kv := make([]attribute.KeyValue, 0, len(a.kv)+len(more))
 	kv = append(append(kv, a.kv...), more...)
-	return metric.WithAttributeSet(attribute.NewSet(kv...))
+	o := metric.WithAttributeSet(attribute.NewSet(kv...))
+	return opts{add: []metric.AddOption{o}, rec: []metric.RecordOption{o}}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"os"
 	"slices"
 	"sync"
 	"testing"
@@ -21,6 +22,12 @@ import (
 	"github.com/remutex/remutex/internal/redistest"
 	remutexotel "github.com/remutex/remutex/otel"
 )
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	redistest.StopShared() // the benchmarks'
+	os.Exit(code)
+}
 
 // backend is a Redis the tests run on: a redis-server of the test's own
 // (redistest.Start), or miniredis.

@@ -27,7 +27,7 @@ type spans struct {
 	hold   bool // make hold spans
 
 	mu    sync.Mutex
-	holds map[holdKey]trace.Span // open hold spans
+	holds map[holdKey]trace.Span // open holds: their span, or nil
 	// early are the ends of holds that came before their acquisition:
 	// events of different goroutines may reach the hook out of order.
 	early map[holdKey]remutex.Event
@@ -46,42 +46,46 @@ func newSpans(t trace.Tracer, hold bool) *spans {
 	return &spans{tracer: t, hold: hold, holds: map[holdKey]trace.Span{}, early: map[holdKey]remutex.Event{}}
 }
 
-// attrs are a span's attributes for ev: the lock's own name (spans are not
-// aggregated, so they carry it unmapped), the mode, the fence if any.
-func attrs(ev remutex.Event, more ...attribute.KeyValue) trace.SpanStartEventOption {
-	mode := modeWrite
-	if ev.Read {
-		mode = modeRead
-	}
-	kv := append([]attribute.KeyValue{attrName.String(ev.Lock), attrMode.String(mode)}, more...)
-	if ev.Fence != 0 {
-		kv = append(kv, attrFence.Int64(ev.Fence))
-	}
-	return trace.WithAttributes(kv...)
-}
+// spanKind is the kind of every span: internal, as a lock is no request.
+var spanKind = trace.WithSpanKind(trace.SpanKindInternal)
 
-// wait makes the wait span of ev, which ended now after ev.Duration.
-func (s *spans) wait(ctx context.Context, ev remutex.Event, end time.Time, more ...attribute.KeyValue) trace.Span {
-	_, sp := s.tracer.Start(ctx, SpanWait, trace.WithTimestamp(end.Add(-ev.Duration)),
-		trace.WithSpanKind(trace.SpanKindInternal), attrs(ev, more...))
+// start starts a span of ev at t, with ev's attributes if it records: the
+// lock's own name (spans are not aggregated, so they carry it unmapped),
+// the mode, the fence if any.
+func (s *spans) start(ctx context.Context, name string, ev remutex.Event, t time.Time, opts ...trace.SpanStartOption) trace.Span {
+	_, sp := s.tracer.Start(ctx, name, append(opts, trace.WithTimestamp(t), spanKind)...)
+	if sp.IsRecording() {
+		mode := modeWrite
+		if ev.Read {
+			mode = modeRead
+		}
+		sp.SetAttributes(attrName.String(ev.Lock), attrMode.String(mode))
+		if ev.Fence != 0 {
+			sp.SetAttributes(attrFence.Int64(ev.Fence))
+		}
+	}
 	return sp
 }
 
-// acquired makes the wait span of an acquisition and opens its hold span.
+// acquired makes the wait span of an acquisition, and opens its hold span
+// if the wait span records. Every hold gets an entry in holds, so that its
+// end can tell an acquisition yet to come from one without a span.
 func (s *spans) acquired(ctx context.Context, ev remutex.Event) {
 	now := time.Now()
-	handoff := handoffFree
-	if ev.Granted {
-		handoff = handoffGrant
+	w := s.start(ctx, SpanWait, ev, now.Add(-ev.Duration))
+	var h trace.Span
+	if w.IsRecording() {
+		handoff := handoffFree
+		if ev.Granted {
+			handoff = handoffGrant
+		}
+		w.SetAttributes(attrOutcome.String(outcomeAcquired), attrHandoff.String(handoff))
+		if s.hold {
+			h = s.start(ctx, SpanHold, ev, now, trace.WithLinks(trace.Link{SpanContext: w.SpanContext()}))
+		}
 	}
-	w := s.wait(ctx, ev, now, attrOutcome.String(outcomeAcquired), attrHandoff.String(handoff))
 	w.End(trace.WithTimestamp(now))
 	if !s.hold {
-		return
-	}
-	_, h := s.tracer.Start(ctx, SpanHold, trace.WithTimestamp(now), trace.WithSpanKind(trace.SpanKindInternal),
-		trace.WithLinks(trace.Link{SpanContext: w.SpanContext()}), attrs(ev))
-	if !h.IsRecording() {
 		return
 	}
 	k := keyOf(ev)
@@ -93,7 +97,7 @@ func (s *spans) acquired(ctx context.Context, ev remutex.Event) {
 		s.holds[k] = h
 	}
 	s.mu.Unlock()
-	if ended {
+	if ended && h != nil {
 		finish(h, end)
 	}
 }
@@ -101,9 +105,12 @@ func (s *spans) acquired(ctx context.Context, ev remutex.Event) {
 // gaveUp makes the wait span of a Lock that gave up.
 func (s *spans) gaveUp(ctx context.Context, ev remutex.Event, outcome string) {
 	now := time.Now()
-	w := s.wait(ctx, ev, now, attrOutcome.String(outcome))
-	w.RecordError(ev.Err, trace.WithTimestamp(now))
-	w.SetStatus(codes.Error, outcome)
+	w := s.start(ctx, SpanWait, ev, now.Add(-ev.Duration))
+	if w.IsRecording() {
+		w.SetAttributes(attrOutcome.String(outcome))
+		w.RecordError(ev.Err, trace.WithTimestamp(now))
+		w.SetStatus(codes.Error, outcome)
+	}
 	w.End(trace.WithTimestamp(now))
 }
 
@@ -121,7 +128,7 @@ func (s *spans) ended(ev remutex.Event) {
 		s.early[k] = ev // for acquired, which is yet to come
 	}
 	s.mu.Unlock()
-	if ok {
+	if h != nil {
 		finish(h, ev)
 	}
 }
