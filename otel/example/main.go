@@ -1,7 +1,8 @@
 // Command example serves the metrics of a flash sale's locks on a
 // Prometheus /metrics endpoint, through remutexotel and OpenTelemetry's
 // Prometheus exporter, scrapes it once the sale is over, prints a few
-// lines of the scrape, and exits.
+// lines of the scrape, checks them against what the buyers saw, and exits
+// (with status 1 if they disagree).
 //
 // Buyers on several remutex Clients (processes, in effect) each try to buy
 // items of a small stock. An item's stock is read and written back under
@@ -25,6 +26,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -99,8 +101,54 @@ func run(ctx context.Context, out io.Writer, addr string, cfg config) error {
 	}
 	fmt.Fprintf(out, "sold %d of %d items; buyers held a lock %d times and gave up waiting %d times\n",
 		res.sold, cfg.items*cfg.stock, res.locked, res.gaveUp)
-	fmt.Fprintf(out, "scrape of %s (remutex lines, no buckets):\n", url)
-	return scrape(ctx, out, url)
+	lines, err := scrape(ctx, url)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "scrape of %s (remutex samples, no buckets):\n", url)
+	for _, l := range lines {
+		fmt.Fprintln(out, "  "+l)
+	}
+	return verdict(out, lines, res)
+}
+
+// verdict checks the scrape against what the buyers saw.
+func verdict(out io.Writer, lines []string, res result) error {
+	acquired := total(lines, "remutex_lock_acquisitions_total{")
+	timeouts := total(lines, `remutex_lock_wait_duration_seconds_count{`, `remutex_lock_outcome="timeout"`)
+	held := total(lines, "remutex_lock_held{")
+	if acquired != res.locked || timeouts != res.gaveUp || held != 0 {
+		fmt.Fprintf(out, "verdict:  FAIL: the scrape counts %d acquisitions, %d timeouts, %d held; want %d, %d, 0\n",
+			acquired, timeouts, held, res.locked, res.gaveUp)
+		return errors.New("the metrics disagree with the sale")
+	}
+	fmt.Fprintf(out, "verdict:  ok: the scrape counts every acquisition (%d) and timeout (%d), and nothing held\n", acquired, timeouts)
+	return nil
+}
+
+// total adds up the values of the samples that start with prefix and
+// contain every one of labels.
+func total(lines []string, prefix string, labels ...string) int {
+	n := 0
+	for _, l := range lines {
+		if !strings.HasPrefix(l, prefix) || !containsAll(l, labels) {
+			continue
+		}
+		if i := strings.LastIndexByte(l, ' '); i >= 0 {
+			v, _ := strconv.ParseFloat(l[i+1:], 64)
+			n += int(v)
+		}
+	}
+	return n
+}
+
+func containsAll(s string, subs []string) bool {
+	for _, sub := range subs {
+		if !strings.Contains(s, sub) {
+			return false
+		}
+	}
+	return true
 }
 
 // serve serves h at /metrics on a loopback port until stop, which shuts the
@@ -121,27 +169,28 @@ func serve(h http.Handler) (url string, stop func(), err error) {
 	}, nil
 }
 
-// scrape gets url and prints its remutex samples, leaving out the histogram
-// buckets and the help and type lines.
-func scrape(ctx context.Context, out io.Writer, url string) error {
+// scrape gets url and returns its remutex samples, leaving out the
+// histogram buckets.
+func scrape(ctx context.Context, url string) ([]string, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return errors.New("scrape: " + resp.Status)
+		return nil, errors.New("scrape: " + resp.Status)
 	}
+	var lines []string
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
 		line := sc.Text()
 		if strings.HasPrefix(line, "remutex_lock_") && !strings.Contains(line, "_bucket{") {
-			fmt.Fprintln(out, "  "+line)
+			lines = append(lines, line)
 		}
 	}
-	return sc.Err()
+	return lines, sc.Err()
 }
