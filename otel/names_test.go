@@ -3,6 +3,8 @@ package remutexotel_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"strings"
 	"testing"
 	"time"
@@ -72,4 +74,32 @@ func TestEndBeforeAcquired(t *testing.T) {
 	r.hook.Record(remutex.Event{Kind: remutex.EventAcquired, Lock: "l", Owner: "d:1", Hold: 7})
 	r.hook.Record(remutex.Event{Kind: remutex.EventReleased, Lock: "l", Owner: "d:1", Hold: 7})
 	assert.Len(t, r.spans.GetSpans(), 2*2, "wait and hold spans of both holds")
+}
+
+// TestOutcomes: how a wait that gave up is classified, from its error.
+func TestOutcomes(t *testing.T) {
+	r := newRig(t, remutexotel.WithoutHoldSpans())
+	for _, err := range []error{
+		fmt.Errorf("remutex: lock %q: %w", "l", context.DeadlineExceeded),
+		fmt.Errorf("remutex: lock %q: %w (last error: %w)", "l", context.DeadlineExceeded, io.EOF),
+		fmt.Errorf("remutex: lock %q: %w", "l", context.Canceled),
+		fmt.Errorf("remutex: lock %q: %w", "l", remutex.ErrClosed),
+	} {
+		r.hook.Record(remutex.Event{Kind: remutex.EventWaiting, Lock: "l", Owner: "c:1"})
+		r.hook.Record(remutex.Event{Kind: remutex.EventWaited, Lock: "l", Owner: "c:1", Err: err})
+	}
+	r.hook.Record(remutex.Event{Kind: remutex.EventAcquired, Lock: "l", Owner: "c:1", Hold: 1})
+	r.hook.Record(remutex.Event{Kind: remutex.EventReleased, Lock: "l", Owner: "c:1", Hold: 1, Err: io.EOF})
+	ms := r.collect(t)
+	wait := ms[remutexotel.MetricWaitDuration]
+	for outcome, want := range map[string]uint64{"timeout": 2, "cancelled": 1, "error": 1, "acquired": 1} {
+		got := histogram(t, wait, attribute.String("remutex.lock.outcome", outcome)).Count
+		assert.Equal(t, want, got, "waits with outcome %s", outcome)
+	}
+	assert.Equal(t, uint64(1), histogram(t, ms[remutexotel.MetricHoldDuration], attribute.String("remutex.lock.end", "release_failed")).Count)
+	assert.Equal(t, int64(0), sum(t, ms[remutexotel.MetricWaiting]), "waiting")
+	for _, s := range r.spans.GetSpans() {
+		assert.Equal(t, remutexotel.SpanWait, s.Name, "WithoutHoldSpans: only wait spans")
+	}
+	assert.Len(t, r.spans.GetSpans(), 5, "wait spans")
 }
