@@ -143,7 +143,7 @@ func (c *Client) adminSpec(ctx context.Context, name string) (*lockSpec, error) 
 	if closed {
 		return nil, lockError(name, ErrClosed)
 	}
-	s := c.newSpec(name, mutexConfig{lease: DefaultLease})
+	s := c.newSpec(name, mutexConfig{lease: DefaultLease}, kindMutex)
 	return &s, nil
 }
 

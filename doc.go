@@ -1,7 +1,8 @@
 // Package remutex is a distributed mutex on Redis that goes where a
 // sync.Mutex stood: DistMutex implements sync.Locker and TryLock, excludes
 // goroutines in every process that uses the same lock name on the same Redis,
-// and is reentrant per goroutine.
+// and is reentrant per goroutine. DistRWMutex does the same for
+// sync.RWMutex: many readers or one writer, with writer preference.
 //
 // # Guarantees
 //
@@ -90,6 +91,27 @@
 // for a claim window, not a lease, and a short hold costs no extra call.
 // A grant message names the queue entry it answers, so a goroutine that waits
 // again never takes an earlier wait's grant for a new one.
+//
+// # Read/write locks
+//
+// DistRWMutex is the same protocol with two sides. Its write side keeps the
+// writer in the hash P{N}:rw, exactly like a mutex; its read side keeps one
+// member per read hold in the sorted set P{N}:rw:readers, scored with the
+// hold's deadline on the server's clock (now + lease, moved on by each
+// renewal), so that a reader that dies stops blocking writers after its
+// lease even while other readers keep the key alive. Both sides share the
+// fence counter and the queue (P{N}:rw:fence, P{N}:rw:queue and
+// P{N}:rw:queue:alive), whose entries say whether they wait to read or to
+// write. The scripts wlock, rlock, wunlock, runlock and rwleave decide, with
+// rw.lua's shared slow path: a reader enters while no writer holds the lock
+// and nobody queues (writer preference: it queues behind any waiting
+// writer); a writer enters when nobody holds either side. On a single server
+// the queue always hands off: a release that ends what the head waits for
+// grants it at once, to one writer, or to all the readers at the head
+// together, one message to each waiter's Client. A writer that reads under
+// its own write hold adds a read member with its own owner token, and keeps
+// it when it unlocks the write: that is the downgrade, atomic in wunlock.
+// The watchdog renews read holds in the same batched calls as the others.
 //
 // # Operations
 //

@@ -43,6 +43,12 @@ var (
 	// forms return it. The server's own reply is wrapped with it.
 	ErrAuthRequired = errors.New("remutex: Redis requires authentication (NOAUTH): set Password/Username in the redis client's options")
 
+	// ErrUpgrade reports that a goroutine holding a DistRWMutex for reading
+	// (and not for writing) asked for the write lock: it would wait for its
+	// own read hold to end, forever. RUnlock first; Lock panics with it,
+	// LockContext and TryLockContext return it at once, TryLock says false.
+	ErrUpgrade = errors.New("remutex: read→write upgrade would deadlock: the goroutine holds the lock for reading (RUnlock first)")
+
 	// ErrInvalidName matches the error for a lock name that NewMutex would
 	// refuse (empty, longer than MaxNameLen bytes, or starting with '}'), as
 	// CheckName, Inspect and ForceUnlock return it.

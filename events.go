@@ -194,11 +194,11 @@ func (c *Client) emit(ev Event) {
 
 // event builds an Event about hold h.
 func (h *hold) event(kind EventKind, d time.Duration, err error) Event {
-	return Event{Kind: kind, Lock: h.m.spec.name, Owner: ownerString(h.owner), Fence: h.fence, Duration: d, Err: err, Hold: h.id}
+	return Event{Kind: kind, Lock: h.m.spec.name, Owner: ownerString(h.owner), Fence: h.fence, Duration: d, Err: err, Read: h.m.spec.read, Hold: h.id}
 }
 
 // waitEvent builds an Event about attempt a's wait, which began at its Lock
 // call.
 func (a *attempt) waitEvent(ctx context.Context, kind EventKind, err error) Event {
-	return Event{Kind: kind, Lock: a.m.spec.name, Owner: ownerString(a.owner), Duration: time.Since(a.start), Err: err, Context: ctx}
+	return Event{Kind: kind, Lock: a.m.spec.name, Owner: ownerString(a.owner), Duration: time.Since(a.start), Err: err, Read: a.m.spec.read, Context: ctx}
 }

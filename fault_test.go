@@ -482,7 +482,7 @@ func TestFaultConnectionReset(t *testing.T) {
 	unlockCtx := func() error { return m.UnlockContext(ctx) }
 	lock := func() error { m.Lock(); return nil }
 	unlock := func() error { m.Unlock(); return nil }
-	acquireSHA, releaseSHA := acquireScript.Hash(), releaseScript.Hash()
+	acquireSHA, releaseSHA := mutexScripts.acquire.Hash(), mutexScripts.release.Hash()
 
 	g.do(t, 5*time.Second, "warm-up", func() { // loads the scripts and seeds the fence counter
 		if err := m.LockContext(ctx); err == nil {
@@ -673,7 +673,7 @@ func TestFaultScriptFlush(t *testing.T) {
 		var exists *redis.BoolSliceCmd
 		_, err := direct.TxPipelined(ctx, func(p redis.Pipeliner) error {
 			p.ScriptFlush(ctx)
-			exists = p.ScriptExists(ctx, acquireScript.Hash(), releaseScript.Hash(), renewScript.Hash())
+			exists = p.ScriptExists(ctx, mutexScripts.acquire.Hash(), mutexScripts.release.Hash(), renewScript.Hash())
 			return nil
 		})
 		if err != nil {

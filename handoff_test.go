@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -146,4 +147,35 @@ func TestLockContextEndsDuringFirstCall(t *testing.T) {
 			assert.Equal(t, int64(0), rdb.Exists(ctx, k.hash).Val(), "hold left behind (busy=%v)", busy)
 		}
 	})
+}
+
+// TestMessageBeforeWaiterRegistered: the call that queues a waiter can
+// return after the message for its entry came (the lock was released, or
+// handed to it, in between). The message must reach the waiter when it
+// registers, not be dropped: it would then wait for its next refresh.
+func TestMessageBeforeWaiterRegistered(t *testing.T) {
+	for _, msg := range []string{"w", "g 7"} {
+		t.Run(msg, func(t *testing.T) {
+			c := clientOn(t, rdbAt(t, miniredis.RunT(t).Addr()))
+			m := c.NewMutex(lockName(t))
+			var a attempt
+			c.mu.Lock()
+			m.initAttemptLocked(&a, 1, false)
+			c.mu.Unlock()
+			c.dispatch(m.spec.channel, msg+" "+a.entry())
+			a.enter()
+			defer a.exit()
+			select {
+			case <-a.w.ev:
+			default:
+				t.Fatal("the waiter was not told of the message that came before it registered")
+			}
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			assert.Equal(t, msg != "w", a.w.granted)
+			if msg != "w" {
+				assert.EqualValues(t, 7, a.w.fence)
+			}
+		})
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -48,7 +49,13 @@ type DistMutex struct {
 	spec      lockSpec
 	renew     bool
 	reentrant bool
-	nr        *hold // NonReentrant: the current hold; guarded by c.mu
+	// NonReentrant: the holds of the value, in the order taken (a
+	// DistMutex has at most one; a DistRWMutex's read side one per RLock);
+	// guarded by c.mu.
+	nr []*hold
+	// pair is the other side of a DistRWMutex (its write side for the read
+	// side, and the reverse); nil for a DistMutex.
+	pair *DistMutex
 }
 
 var _ sync.Locker = (*DistMutex)(nil)
@@ -103,28 +110,39 @@ func NonReentrant() MutexOption {
 // panics if name is empty, longer than MaxNameLen bytes, or starts with '}'
 // (the keys would lose their shared hash tag), or if an option is invalid.
 func (c *Client) NewMutex(name string, opts ...MutexOption) *DistMutex {
+	cfg := c.configure("NewMutex", name, opts)
+	m := &DistMutex{}
+	m.init(c, name, cfg, kindMutex)
+	return m
+}
+
+// configure checks what NewMutex or NewRWMutex (fn) was given, panicking
+// with a message that says what is wrong.
+func (c *Client) configure(fn, name string, opts []MutexOption) mutexConfig {
 	if c == nil {
-		panic("remutex: NewMutex on a nil Client")
+		panic("remutex: " + fn + " on a nil Client")
 	}
 	cfg := mutexConfig{lease: DefaultLease}
 	for _, o := range opts {
 		if o == nil {
-			panic("remutex: NewMutex: nil option")
+			panic("remutex: " + fn + ": nil option")
 		}
 		o(&cfg)
 	}
 	if err := checkName(name); err != nil {
-		panic("remutex: NewMutex: " + err.Error())
+		panic("remutex: " + fn + ": " + err.Error())
 	}
 	if cfg.lease < MinLease || cfg.lease > MaxLease {
 		panic(fmt.Sprintf("remutex: WithLease(%v): lease must be between %v and %v", cfg.lease, MinLease, MaxLease))
 	}
-	return &DistMutex{
-		c:         c,
-		spec:      c.newSpec(name, cfg),
-		renew:     !cfg.noRenew,
-		reentrant: !cfg.nonReentrant,
-	}
+	return cfg
+}
+
+func (m *DistMutex) init(c *Client, name string, cfg mutexConfig, kind lockKind) {
+	m.c = c
+	m.spec = c.newSpec(name, cfg, kind)
+	m.renew = !cfg.noRenew
+	m.reentrant = !cfg.nonReentrant
 }
 
 // checkName says what is wrong with a lock name, or nil.
@@ -157,28 +175,54 @@ const (
 
 const releasedInfix = ":released:"
 
-// newSpec computes the keys and boxed script arguments of a mutex.
-func (c *Client) newSpec(name string, cfg mutexConfig) lockSpec {
-	s := lockSpec{name: name, keys: lockKeys(c.prefix, name), lease: cfg.lease}
+// lockKind says which lock a spec is of.
+type lockKind uint8
+
+const (
+	kindMutex lockKind = iota // a DistMutex
+	kindWrite                 // a DistRWMutex's write side
+	kindRead                  // a DistRWMutex's read side
+)
+
+// newSpec computes the keys and boxed script arguments of a lock.
+func (c *Client) newSpec(name string, cfg mutexConfig, kind lockKind) lockSpec {
+	s := lockSpec{name: name, sc: mutexScripts, keys: lockKeys(c.prefix, name), lease: cfg.lease,
+		flag: "0", unheld: "remutex: unlock of unlocked mutex"}
+	if kind != kindMutex {
+		s.keys = rwKeys(c.prefix, name)
+		s.sc, s.flag, s.unheld = writeScripts, "w", "remutex: Unlock of unlocked DistRWMutex"
+	}
+	s.home = s.keys[0]
+	if kind == kindRead {
+		s.home = s.keys[4]
+		s.sc, s.flag, s.unheld, s.read = readScripts, "r", "remutex: RUnlock of unlocked DistRWMutex", true
+	}
 	s.keyArgs = make([]interface{}, len(s.keys))
 	for i, k := range s.keys {
 		s.keyArgs[i] = k
 	}
-	s.channel = s.hash() + releasedInfix + c.id
+	s.channel = s.home + releasedInfix + c.id
 	s.ttl = min(cfg.lease, maxQueueTTL)
 	s.claim = s.ttl
 	if cfg.noRenew {
 		s.claim = cfg.lease // a fixed lease is granted whole
 	}
-	s.leaseArg = strconv.FormatInt(cfg.lease.Milliseconds(), 10)
-	s.keepArg = s.leaseArg
+	ms := strconv.FormatInt(cfg.lease.Milliseconds(), 10)
+	s.leaseArg, s.keepArg, s.renewArg = ms, ms, ms
 	if cfg.noRenew {
 		s.keepArg = "0"
 	}
+	if s.read {
+		s.renewArg = "r" + ms
+	}
 	s.claimMs = strconv.FormatInt(s.claim.Milliseconds(), 10)
-	s.queueArg = strconv.FormatInt(s.ttl.Milliseconds(), 10) + " " + s.claimMs + " " + s.hash() + releasedInfix
+	s.queueArg = strconv.FormatInt(s.ttl.Milliseconds(), 10) + " " + s.claimMs + " " + s.home + releasedInfix
 	if cfg.fencing {
 		s.fence = fenceOn
+		s.flag = strings.ToUpper(s.flag)
+		if kind == kindMutex {
+			s.flag = "1"
+		}
 	}
 	return s
 }
@@ -252,6 +296,8 @@ func (m *DistMutex) TryLock() bool {
 		return false
 	case transient(err) || errors.Is(err, ErrLockLost):
 		m.c.report(err)
+		return false
+	case errors.Is(err, ErrUpgrade):
 		return false
 	}
 	panic(err)
@@ -369,6 +415,10 @@ func (m *DistMutex) lock(ctx context.Context, try, plain bool) (bool, error) {
 		c.mu.Unlock()
 		return m.nested(ctx, h, try, plain)
 	}
+	if m.upgradeLocked(gid) {
+		c.mu.Unlock()
+		return false, m.wrap(ErrUpgrade)
+	}
 	var a attempt
 	m.initAttemptLocked(&a, gid, try)
 	c.mu.Unlock()
@@ -473,7 +523,7 @@ func (m *DistMutex) unlock(ctx context.Context, plain bool) error {
 		// goroutine is already sending.)
 		c.mu.Unlock()
 		if plain {
-			panic("remutex: unlock of unlocked mutex")
+			panic(m.spec.unheld)
 		}
 		return m.wrap(ErrNotHeld)
 	}

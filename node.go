@@ -21,27 +21,48 @@ import (
 var (
 	//go:embed scripts/queue.lua
 	luaQueue string
+	//go:embed scripts/rw.lua
+	luaRW string
 	//go:embed scripts/acquire.lua
 	luaAcquire string
 	//go:embed scripts/release.lua
 	luaRelease string
 	//go:embed scripts/leave.lua
 	luaLeave string
+	//go:embed scripts/wlock.lua
+	luaWLock string
+	//go:embed scripts/wunlock.lua
+	luaWUnlock string
+	//go:embed scripts/rlock.lua
+	luaRLock string
+	//go:embed scripts/runlock.lua
+	luaRUnlock string
+	//go:embed scripts/rwleave.lua
+	luaRWLeave string
 	//go:embed scripts/renew.lua
 	luaRenew string
 	//go:embed scripts/raise.lua
 	luaRaise string
 
-	acquireScript = newLuaScript(luaAcquire)
-	releaseScript = newLuaScript(luaRelease)
-	leaveScript   = newLuaScript(luaLeave)
-	renewScript   = newLuaScript(luaRenew)
-	raiseScript   = newLuaScript(luaRaise)
+	renewScript = newLuaScript(luaRenew)
+	raiseScript = newLuaScript(luaRaise)
+
+	// The scripts of each kind of lock: a DistMutex, and the write and read
+	// sides of a DistRWMutex.
+	mutexScripts = &scriptSet{newLuaScript(luaAcquire), newLuaScript(luaRelease), newLuaScript(luaLeave)}
+	writeScripts = &scriptSet{newLuaScript(luaWLock), newLuaScript(luaWUnlock), newLuaScript(luaRWLeave)}
+	readScripts  = &scriptSet{newLuaScript(luaRLock), newLuaScript(luaRUnlock), writeScripts.leave}
 )
 
+// scriptSet is what a lock's holds and waiters run: acquire (or queue),
+// release, and leave the queue.
+type scriptSet struct {
+	acquire, release, leave *luaScript
+}
+
 // luaScript is a script with its SHA and source boxed once, so that calls do
-// not allocate to pass them. The slow-path helpers of queue.lua are pasted in
-// where a script says so, after its fast path.
+// not allocate to pass them. The slow-path helpers of queue.lua (and rw.lua)
+// are pasted in where a script says so, after its fast path.
 type luaScript struct {
 	src, sha interface{}
 	hash     string
@@ -49,6 +70,7 @@ type luaScript struct {
 
 func newLuaScript(src string) *luaScript {
 	src = strings.Replace(src, "--#include queue.lua\n", luaQueue, 1)
+	src = strings.Replace(src, "--#include rw.lua\n", luaRW, 1)
 	h := redis.NewScript(src).Hash()
 	return &luaScript{src: src, sha: h, hash: h}
 }
@@ -135,34 +157,54 @@ type subscriptions interface {
 	close()
 }
 
-// lockSpec is what the scripts need of one DistMutex, boxed once.
+// lockSpec is what the scripts need of one lock (a DistMutex, or one side
+// of a DistRWMutex), boxed once.
 type lockSpec struct {
 	name     string
-	keys     [4]string     // hash, fence, queue, queue:alive
+	sc       *scriptSet
+	keys     []string      // hash, fence, queue, queue:alive (DistRWMutex: and readers)
 	keyArgs  []interface{} // keys, boxed
-	channel  string        // where this Client hears of the lock: P{N}:released:<client id>
-	queueArg interface{}   // "<entry ttl ms> <claim ms> P{N}:released:" for the slow paths (queue.lua)
+	home     string        // the key its holds live in: what the Client's state and channel are named by
+	channel  string        // where this Client hears of the lock: <home>:released:<client id>
+	queueArg interface{}   // "<entry ttl ms> <claim ms> <home>:released:" for the slow paths (queue.lua)
 	lease    time.Duration
 	claim    time.Duration // lease of a queue grant until the watchdog extends it
 	ttl      time.Duration // liveness of a queue entry
 	leaseArg interface{}
 	keepArg  interface{} // nested calls: the lease, or "0" (keep the TTL) WithoutRenewal
+	renewArg interface{} // the watchdog's lease argument (renew.lua)
 	claimMs  string
+	flag     string // the kind of its queue entries (see the scripts)
 	fence    fenceMode
+	read     bool   // the read side of a DistRWMutex
+	unheld   string // the panic of an unlock that holds nothing
 }
 
-func (s *lockSpec) hash() string { return s.keys[0] }
+func (s *lockSpec) hash() string { return s.home }
 
-// Key and channel names of lock name under prefix: they all begin with
-// P{name}, so that they share one cluster slot.
-func lockKeys(prefix, name string) [4]string {
-	hash := prefix + "{" + name + "}"
-	return [4]string{hash, hash + ":fence", hash + ":queue", hash + ":queue:alive"}
+// Key names of lock name under prefix: they all begin with P{name}, so that
+// they share one cluster slot.
+func lockKeys(prefix, name string) []string { return keysFrom(prefix + "{" + name + "}") }
+
+// rwKeys are the keys of the read/write lock called name, apart from the
+// mutex's: P{name}:rw and its fence, queue, queue:alive and readers.
+func rwKeys(prefix, name string) []string {
+	base := prefix + "{" + name + "}:rw"
+	return append(keysFrom(base), base+":readers")
 }
 
-// lockScriptKeys is the number of keys of acquire, release and leave, as a
-// string, which is what ClusterClient looks at to route the call.
-const lockScriptKeys = "4"
+func keysFrom(base string) []string {
+	return []string{base, base + ":fence", base + ":queue", base + ":queue:alive"}
+}
+
+// keyCounts are the boxed key counts of script calls, which is what
+// ClusterClient looks at to route them.
+var keyCounts = func() (a [maxBatch + 1]interface{}) {
+	for i := range a {
+		a[i] = strconv.Itoa(i)
+	}
+	return a
+}()
 
 // hashTag returns the part of key Redis Cluster hashes: the text between the
 // first '{' and the next '}', or "" when that is empty or missing.
@@ -210,7 +252,7 @@ type node struct {
 	log       *slog.Logger
 	cluster   bool // rdb is a *redis.ClusterClient
 	ack       replicaAck
-	starve    string      // starvation threshold in µs; never, in a quorum
+	starve    string      // starvation threshold in µs; -1 (never), in a quorum
 	nodeArg   interface{} // "<starve µs> <publish command>" for the slow paths (queue.lua)
 	shardOnce sync.Once   // decides shardPub with the first lock operation
 	shardPub  bool        // release messages use sharded pub/sub
@@ -218,8 +260,10 @@ type node struct {
 }
 
 func newNode(c *Client, rdb redis.UniversalClient, starve time.Duration) *node {
-	n := &node{rdb: rdb, log: c.log, ack: c.ack,
-		starve: strconv.FormatInt(starve.Microseconds(), 10)}
+	n := &node{rdb: rdb, log: c.log, ack: c.ack, starve: "-1"}
+	if starve != never {
+		n.starve = strconv.FormatInt(starve.Microseconds(), 10)
+	}
 	n.nodeArg = n.starve + " publish"
 	_, n.cluster = rdb.(*redis.ClusterClient)
 	n.subscriber.c, n.subscriber.n = c, n
@@ -248,11 +292,7 @@ func (cl *call) build(ctx context.Context, eval bool) {
 	} else {
 		a = append(a, "evalsha", cl.s.sha)
 	}
-	nk := interface{}(lockScriptKeys)
-	if len(cl.keys) != 4 {
-		nk = strconv.Itoa(len(cl.keys))
-	}
-	a = append(a, nk)
+	a = append(a, keyCounts[len(cl.keys)])
 	a = append(a, cl.keys...)
 	a = append(a, cl.args...)
 	cl.cmd = redis.NewCmd(ctx, a...)
@@ -322,7 +362,7 @@ func (n *node) acquire(ctx context.Context, s *lockSpec, r acquireReq) (reply, e
 	na, qa := n.tail(ctx, s)
 	args := []interface{}{r.owner, r.have, r.want, r.lease, r.fence.arg(), r.waitID, na, qa}
 	if r.have > 0 || n.ack.replicas == 0 {
-		v, err := n.eval(ctx, s, acquireScript, args...)
+		v, err := n.eval(ctx, s, s.sc.acquire, args...)
 		if err != nil {
 			return reply{}, err
 		}
@@ -340,7 +380,7 @@ func (n *node) ackedAcquire(ctx context.Context, s *lockSpec, owner interface{},
 	if err != nil {
 		return reply{}, err
 	}
-	cl := &call{s: acquireScript, keys: s.keyArgs, args: args}
+	cl := &call{s: s.sc.acquire, keys: s.keyArgs, args: args}
 	acks := n.send(ctx, t, []*call{cl}, true, true)
 	v, err := cl.cmd.Result()
 	if err != nil {
@@ -380,7 +420,7 @@ func (n *node) masterFor(ctx context.Context, key string) (target, error) {
 
 func (n *node) release(ctx context.Context, s *lockSpec, owner interface{}, want int, lease interface{}) (int64, error) {
 	na, qa := n.tail(ctx, s)
-	v, err := n.eval(ctx, s, releaseScript, owner, want, lease, na, qa)
+	v, err := n.eval(ctx, s, s.sc.release, owner, want, lease, na, qa)
 	if err != nil {
 		return 0, err
 	}
@@ -389,7 +429,7 @@ func (n *node) release(ctx context.Context, s *lockSpec, owner interface{}, want
 
 func (n *node) leave(ctx context.Context, s *lockSpec, owner interface{}, entry string) error {
 	na, qa := n.tail(ctx, s)
-	_, err := n.eval(ctx, s, leaveScript, owner, entry, na, qa)
+	_, err := n.eval(ctx, s, s.sc.leave, owner, entry, na, qa)
 	return err
 }
 

@@ -442,9 +442,11 @@ func (s *subscriber) deny(err error) {
 //	"w <entry>"           normal mode: the lock is free, entry may take it
 //	"g <fence> <entry>"   starvation mode: the lock was handed to entry
 //
-// A wake-up for an entry that no longer waits goes to the lock's first local
-// waiter; a grant for it is dropped: its waiter left the queue with a leave
-// call that also released the grant, or learnt of it from its own call.
+// A message for an entry without a local waiter is kept a while, for a
+// waiter whose call queued it but has not returned yet (see
+// keepEarlyLocked); a wake-up also goes to the lock's first local waiter.
+// Otherwise the message is moot: its waiter left the queue with a leave call
+// that also released a grant, or learnt of it from its own call.
 func (c *Client) dispatch(channel, payload string) {
 	key, ok := strings.CutSuffix(channel, releasedInfix+c.id)
 	if !ok {
@@ -462,10 +464,7 @@ func (c *Client) dispatch(channel, payload string) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	st := c.locks[key]
-	if st == nil {
-		return
-	}
+	st := c.stateOfLocked(key)
 	for _, w := range st.waiters {
 		if w.entry == rest {
 			w.granted, w.fence = kind == "g", fence
@@ -473,6 +472,9 @@ func (c *Client) dispatch(channel, payload string) {
 			return
 		}
 	}
+	// The entry's waiter may not be registered yet: its call, which queued
+	// it, can return after the message came.
+	st.keepEarlyLocked(early{entry: rest, granted: kind == "g", fence: fence, at: time.Now()})
 	if kind == "w" && len(st.waiters) > 0 {
 		st.waiters[0].signal()
 	}

@@ -434,10 +434,10 @@ func (l *errorLog) await(t testing.TB, target error, timeout time.Duration, what
 
 // scriptNames maps the SHA1 of each of the library's scripts to its name.
 var scriptNames = map[string]string{
-	acquireScript.Hash(): "acquire",
-	releaseScript.Hash(): "release",
-	leaveScript.Hash():   "leave",
-	renewScript.Hash():   "renew",
+	mutexScripts.acquire.Hash(): "acquire",
+	mutexScripts.release.Hash(): "release",
+	mutexScripts.leave.Hash():   "leave",
+	renewScript.Hash():          "renew",
 }
 
 // scriptCall reports which of the library's scripts cmd runs (EVALSHA or

@@ -3,6 +3,7 @@ package remutex
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"time"
 )
 
@@ -23,6 +24,48 @@ type lockState struct {
 	// lastOwner is the latest reentrant hold, kept so that the goroutine that
 	// held the lock last can take it again without building its owner token.
 	lastOwner *hold
+	// early are messages for queue entries that had no local waiter yet: the
+	// call that queued a waiter may return after its grant was sent.
+	early []early
+}
+
+// early is a message that came before its waiter was registered.
+type early struct {
+	entry   string
+	granted bool
+	fence   int64
+	at      time.Time
+}
+
+// maxEarly bounds the messages kept for waiters not registered yet; they
+// are kept no longer than an entry lives without a refresh.
+const maxEarly = 64
+
+// keepEarlyLocked keeps a message whose waiter is not registered (yet).
+func (st *lockState) keepEarlyLocked(e early) {
+	keep := st.early[:0]
+	for _, x := range st.early {
+		if e.at.Sub(x.at) < maxQueueTTL {
+			keep = append(keep, x)
+		}
+	}
+	if len(keep) == maxEarly {
+		keep = append(keep[:0], keep[1:]...)
+	}
+	st.early = append(keep, e)
+}
+
+// claimEarlyLocked hands w a message for its entry that came before it was
+// registered.
+func (st *lockState) claimEarlyLocked(w *waiter) {
+	for i, e := range st.early {
+		if e.entry == w.entry {
+			w.granted, w.fence = e.granted, e.fence
+			w.signal()
+			st.early = append(st.early[:i], st.early[i+1:]...)
+			return
+		}
+	}
 }
 
 func (st *lockState) idle() bool { return len(st.holds) == 0 && st.extra == 0 && len(st.waiters) == 0 }
@@ -88,8 +131,11 @@ func (w *waiter) signal() {
 }
 
 // stateLocked returns the lock's state, creating it if needed.
-func (c *Client) stateLocked(m *DistMutex) *lockState {
-	key := m.spec.hash()
+func (c *Client) stateLocked(m *DistMutex) *lockState { return c.stateOfLocked(m.spec.hash()) }
+
+// stateOfLocked returns the state of the lock whose holds live in key,
+// creating it if needed.
+func (c *Client) stateOfLocked(key string) *lockState {
 	if st, ok := c.locks[key]; ok {
 		return st
 	}
@@ -132,7 +178,16 @@ func (c *Client) nextSeqLocked() uint64 {
 // holdLocked returns the hold of goroutine gid (NonReentrant: of m), or nil.
 func (m *DistMutex) holdLocked(gid int64) *hold {
 	if !m.reentrant {
-		return m.nr
+		// The latest hold whose final release is not in flight already.
+		for i := len(m.nr) - 1; i >= 0; i-- {
+			if !m.nr[i].ending {
+				return m.nr[i]
+			}
+		}
+		if len(m.nr) > 0 {
+			return m.nr[len(m.nr)-1]
+		}
+		return nil
 	}
 	st := m.c.locks[m.spec.hash()]
 	if st == nil {
@@ -152,7 +207,17 @@ func (m *DistMutex) addHoldLocked(h *hold) {
 		st.holds = append(st.holds, h)
 		st.lastOwner = h
 	} else {
-		m.nr = h
+		if !m.spec.read {
+			// A mutex has one hold: one still listed was lost and never
+			// unlocked (or its final release is in flight, and it goes
+			// when that settles).
+			for _, old := range slices.Clone(m.nr) {
+				if !old.ending {
+					m.dropHoldLocked(old)
+				}
+			}
+		}
+		m.nr = append(m.nr, h)
 		st.extra++
 	}
 }
@@ -166,20 +231,20 @@ func (m *DistMutex) dropHoldLocked(h *hold) {
 		return
 	}
 	if !m.reentrant {
-		// (Another goroutine's Lock may have replaced m.nr while this
-		// hold's final release settled.)
-		if m.nr == h {
-			m.nr = nil
-		}
+		m.nr = removeHold(m.nr, h)
 		st.extra--
 		return
 	}
-	for i, x := range st.holds {
+	st.holds = removeHold(st.holds, h)
+}
+
+func removeHold(hs []*hold, h *hold) []*hold {
+	for i, x := range hs {
 		if x == h {
-			st.holds = append(st.holds[:i], st.holds[i+1:]...)
-			break
+			return append(hs[:i], hs[i+1:]...)
 		}
 	}
+	return hs
 }
 
 func (st *lockState) removeWaiterLocked(w *waiter) {

@@ -15,6 +15,7 @@ type attempt struct {
 	start time.Time
 
 	owner   interface{} // the owner token (a string), boxed once for script calls
+	pinned  bool        // owner is the goroutine's write hold's: a read under it
 	waitID  uint64      // names this wait's queue entry, with the owner
 	waitArg interface{} // waitID, boxed ("" for TryLock); "+<id>" once the entry is known queued
 
@@ -39,6 +40,7 @@ func (m *DistMutex) initAttemptLocked(a *attempt, gid int64, try bool) {
 	*a = attempt{m: m, gid: gid, try: try, start: time.Now()}
 	st := c.locks[m.spec.hash()]
 	switch {
+	case m.pinnedOwnerLocked(a, gid):
 	case c.be.freshOwners():
 		// Set per call in acquire.
 	case m.reentrant && st != nil && st.lastOwner != nil && st.lastOwner.gid == gid:
@@ -103,7 +105,7 @@ func (a *attempt) unwatch() {
 func (a *attempt) call(ctx context.Context) (reply, error) {
 	m := a.m
 	c := m.c
-	if c.be.freshOwners() {
+	if c.be.freshOwners() && !a.pinned {
 		// A quorum gives back, in the background, what a failed try got
 		// late: a token per try keeps that from touching a later try.
 		c.mu.Lock()
@@ -141,11 +143,7 @@ func (a *attempt) renewEntry() {
 // entry is the attempt's queue entry, as acquire.lua writes it.
 func (a *attempt) entry() string {
 	s := &a.m.spec
-	f := "0"
-	if s.fence != fenceOff {
-		f = "1"
-	}
-	return s.claimMs + ":" + f + ":" + strconv.FormatUint(a.waitID, 10) + ":" + ownerString(a.owner)
+	return s.claimMs + ":" + s.flag + ":" + strconv.FormatUint(a.waitID, 10) + ":" + ownerString(a.owner)
 }
 
 // entryChanged tells the local waiter, if any, the attempt's current entry.
@@ -154,9 +152,13 @@ func (a *attempt) entryChanged() {
 		return
 	}
 	e := a.entry()
-	a.m.c.mu.Lock()
+	c := a.m.c
+	c.mu.Lock()
 	a.w.entry = e
-	a.m.c.mu.Unlock()
+	if st := c.locks[a.m.spec.hash()]; st != nil {
+		st.claimEarlyLocked(a.w)
+	}
+	c.mu.Unlock()
 }
 
 // complete records a granted lock as the goroutine's hold. The grant was
@@ -253,6 +255,7 @@ func (a *attempt) enter() {
 	c.mu.Lock()
 	st := c.stateLocked(a.m)
 	st.waiters = append(st.waiters, a.w)
+	st.claimEarlyLocked(a.w)
 	c.mu.Unlock()
 	if !a.watching {
 		a.watching = c.be.watch(a.m.spec.channel, true)

@@ -183,7 +183,7 @@ func (w *watchdog) renew(ctx context.Context, holds []*hold, out chan<- *renewal
 	deadline := holds[0].valid
 	for i, h := range holds {
 		deadline = earliest(deadline, h.valid)
-		items[i] = renewItem{key: h.m.spec.hash(), owner: h.owner, lease: h.m.spec.leaseArg}
+		items[i] = renewItem{key: h.m.spec.hash(), owner: h.owner, lease: h.m.spec.renewArg}
 	}
 	c.mu.Unlock()
 	ctx, cancel := context.WithDeadline(ctx, deadline)

@@ -98,7 +98,7 @@ func chartPanels(r *results) []panel {
 			}
 			return h.perPeriod(), true
 		})
-	return panels
+	return append(panels, rwPanels(r)...)
 }
 
 func (pn panel) height() int { return titleH + rowH*len(pn.bars) + panelGap }

@@ -36,6 +36,7 @@ func markdown(r *results) string {
 	w.contended(r)
 	w.held(r)
 	w.nested(r)
+	w.rw(r)
 	w.configurations(r)
 	return w.String()
 }

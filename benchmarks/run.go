@@ -18,6 +18,7 @@ type results struct {
 	Nested      *nestedResult
 	Contended   map[string]*contendedResult
 	Held        map[string]*heldResult
+	RW          *rwResult
 	Violations  []string
 	Problems    []string // errors of a peer that are not violations
 }
@@ -73,6 +74,9 @@ func run(p plan, vs []variant, want map[string]bool) (*results, error) {
 	}
 	if want["held"] {
 		res.runHeld(vs, srv)
+	}
+	if want["rw"] {
+		res.runRW(srv)
 	}
 	res.noteStalls(vs)
 	res.Machine.LoadEnd = loadavg()

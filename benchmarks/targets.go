@@ -65,7 +65,7 @@ func (r *results) targets() []target {
 	if t, ok := r.heldTarget(); ok {
 		ts = append(ts, t)
 	}
-	return ts
+	return append(ts, r.rwTargets()...)
 }
 
 // against puts remutex's figure f next to the peer's: the named peer, or the

@@ -2,9 +2,10 @@
 -- their fast paths, so that an uncontended call never builds these.
 local fence_key, alive = KEYS[2], KEYS[4]
 -- The last two arguments of every lock script: "<starvation threshold µs>
--- <publish command>" (the node's) and "<entry ttl ms> <claim ms> <channel
--- prefix>" (the lock's).
-local starve, pub = string.match(ARGV[#ARGV - 1], '^(%d+) (%a+)$')
+-- <publish command>" (the node's; a threshold of -1 never hands the lock
+-- on: a quorum's servers only wake waiters) and "<entry ttl ms> <claim ms>
+-- <channel prefix>" (the lock's).
+local starve, pub = string.match(ARGV[#ARGV - 1], '^(%-?%d+) (%a+)$')
 starve = tonumber(starve)
 local ttl, claim, chan = string.match(ARGV[#ARGV], '^(%d+) (%d+) (.*)$')
 
@@ -103,7 +104,7 @@ local function queue_head()
 end
 
 local function starving(arrived, now)
-  return arrived and now - arrived >= starve
+  return arrived and starve >= 0 and now - arrived >= starve
 end
 
 -- Adds entry at the tail (or keeps its place) and sets its liveness; the

@@ -1,0 +1,26 @@
+-- wunlock: lower a write hold's count, or end it and pass the lock on
+-- (DistRWMutex.Unlock). When the writer also holds a read hold (it called
+-- RLock under its write hold), that read hold stays: the lock is
+-- downgraded, and the readers waiting at the head of the queue enter.
+--
+-- KEYS = writer hash W, fence counter, queue, queue:alive, readers R (see
+-- rw.lua). ARGV and replies as runlock.lua's.
+local hash, queue = KEYS[1], KEYS[3]
+local owner, want = ARGV[1], ARGV[2]
+
+if want ~= '0' then
+  if redis.pcall('hexists', hash, owner) ~= 1 then return 0 end
+  redis.call('hset', hash, owner, want)
+  if ARGV[3] ~= '0' then redis.call('pexpire', hash, ARGV[3]) end
+  return 1
+end
+
+if redis.pcall('hdel', hash, owner) ~= 1 then return 0 end
+if redis.call('exists', queue) == 0 then return 1 end
+
+--#include queue.lua
+--#include rw.lua
+
+local now = now_us()
+if prune(now) or prune_readers(now_ms(now)) then return 1 end
+return grant_rw(now)
