@@ -32,9 +32,11 @@ const (
 	// EventLost: the hold was lost. Duration is how long it had been held; Err
 	// wraps ErrLockLost and the cause, Reason names the cause.
 	EventLost
-	// EventWaiting: a Lock found the lock busy and begins to wait; an
+	// EventWaiting: a Lock found the lock busy and begins to wait (or its
+	// context ended during its first call, which may have queued it); an
 	// EventWaited follows when the wait ends. Duration is the time from the
-	// Lock call until then.
+	// Lock call until then. A Lock whose context has ended before the call
+	// reports neither.
 	EventWaiting
 	// EventRenewFailed: a renewal of the hold failed (a Redis error, or no
 	// reply before the hold's validity deadline). The watchdog tries again
@@ -195,6 +197,20 @@ func (c *Client) emit(ev Event) {
 // event builds an Event about hold h.
 func (h *hold) event(kind EventKind, d time.Duration, err error) Event {
 	return Event{Kind: kind, Lock: h.m.spec.name, Owner: ownerString(h.owner), Fence: h.fence, Duration: d, Err: err, Read: h.m.spec.read, Hold: h.id}
+}
+
+// giveUpAtOnce is giveUp for a Lock whose first call ctx cut off: Redis may
+// have queued the caller, so to a hook it is a wait that ended at once
+// (EventWaiting, then EventWaited with the error).
+func (a *attempt) giveUpAtOnce(ctx context.Context, cause error) (bool, error) {
+	c := a.m.c
+	if c.hook == nil {
+		return a.giveUp(ctx, cause)
+	}
+	c.emit(a.waitEvent(ctx, EventWaiting, nil))
+	held, err := a.giveUp(ctx, cause)
+	c.emit(a.waitEvent(ctx, EventWaited, err))
+	return held, err
 }
 
 // waitEvent builds an Event about attempt a's wait, which began at its Lock

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"sync"
 	"testing"
+	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -111,5 +113,31 @@ func TestEventFields(t *testing.T) {
 			assert.NotNil(t, lost[i].Context)
 		}
 		assert.NotEqual(t, acq[1].Hold, acq[2].Hold, "two holds, one Hold number")
+	})
+}
+
+// TestEventsOfACutOffFirstCall: a LockContext whose context ends during its
+// first call (which may have queued it) reports a wait that ended at once,
+// so that a hook counts the timeout.
+func TestEventsOfACutOffFirstCall(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *testBackend) {
+		log := newEventLog()
+		rdb := b.rdb(t)
+		rdb.AddHook(hookFuncs{process: func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
+			if s, _ := scriptCall(cmd); s == "acquire" {
+				<-ctx.Done() // the reply does not come in time
+				return ctx.Err()
+			}
+			return next(ctx, cmd)
+		}})
+		m := clientOn(t, rdb, WithHook(log.hook)).NewMutex(lockName(t))
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+		defer cancel()
+		require.ErrorIs(t, m.LockContext(ctx), context.DeadlineExceeded)
+		require.Len(t, log.of(EventWaiting), 1)
+		waited := log.of(EventWaited)
+		require.Len(t, waited, 1)
+		assert.ErrorIs(t, waited[0].Err, context.DeadlineExceeded)
+		assert.Empty(t, log.of(EventAcquired))
 	})
 }

@@ -87,7 +87,7 @@ func (a *attempt) run(ctx context.Context) (bool, error) {
 			return a.wait(ctx, r, err)
 		case ctx.Err() != nil:
 			// Redis may have applied the call whose reply never came.
-			return a.giveUp(ctx, err)
+			return a.giveUpAtOnce(ctx, err)
 		default:
 			return false, m.wrap(err)
 		}
