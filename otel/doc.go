@@ -25,10 +25,10 @@
 // The wait is timed from the Lock call (LockContext, TryLock...) until it
 // held the lock or gave up; an uncontended Lock records its round trip. A
 // timeout or cancellation is known from the context's error; "error" is
-// any other (a closed Client, a permanent Redis error). Calls that fail
-// before they wait (a TryLock that finds the lock busy, a permanent error
-// on the first call) record nothing. The histograms advise DurationBuckets
-// (0.5ms to 60s).
+// any other (a closed Client, a permanent Redis error). A TryLock that
+// finds the lock busy, a permanent error on the first call, and a context
+// already done when Lock is called record nothing. The histograms advise
+// DurationBuckets (0.5ms to 60s).
 //
 // # Spans
 //

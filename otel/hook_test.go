@@ -250,3 +250,45 @@ func TestRenewalFailures(t *testing.T) {
 	}
 	assert.Equal(t, 1, holds, "hold spans")
 }
+
+// TestReadHolds: the holds of a DistRWMutex are recorded by mode, and a
+// reader waiting behind a writer is counted as waiting in read mode.
+func TestReadHolds(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *backend) {
+		r := newRig(t)
+		ctx := context.Background()
+		writer := r.client(t, b.rdb(t)).NewRWMutex("config")
+		reader := r.client(t, b.rdb(t)).NewRWMutex("config")
+		require.NoError(t, writer.LockContext(ctx))
+		done := make(chan error, 1)
+		go func() {
+			err := reader.RLockContext(ctx)
+			if err == nil {
+				err = reader.RUnlockContext(ctx)
+			}
+			done <- err
+		}()
+		r.await(t, remutex.EventWaiting, 1)
+		ms := r.collect(t)
+		read := attribute.String("remutex.lock.mode", "read")
+		write := attribute.String("remutex.lock.mode", "write")
+		assert.Equal(t, int64(1), sum(t, ms[remutexotel.MetricWaiting], read), "readers waiting")
+		assert.Equal(t, int64(1), sum(t, ms[remutexotel.MetricHeld], write), "write holds")
+		require.NoError(t, writer.UnlockContext(ctx))
+		require.NoError(t, <-done)
+
+		ms = r.collect(t)
+		for _, c := range []struct {
+			metric string
+			mode   attribute.KeyValue
+			want   int64
+		}{
+			{remutexotel.MetricAcquisitions, read, 1},
+			{remutexotel.MetricAcquisitions, write, 1},
+			{remutexotel.MetricHeld, read, 0},
+			{remutexotel.MetricWaiting, read, 0},
+		} {
+			assert.Equal(t, c.want, sum(t, ms[c.metric], c.mode), "%s %v", c.metric, c.mode)
+		}
+	})
+}

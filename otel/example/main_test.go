@@ -12,7 +12,7 @@ import (
 // miniredis): its verdict holds the scrape's acquisitions, timeouts and
 // holds against what the buyers saw; the test checks the other samples.
 func TestExample(t *testing.T) {
-	cfg := config{items: 2, stock: 5, buyers: 12, clients: 3, patience: 20 * time.Millisecond, think: time.Millisecond}
+	cfg := config{items: 2, stock: 5, buyers: 12, clients: 3, patience: 50 * time.Millisecond, think: time.Millisecond}
 	var out strings.Builder
 	err := run(context.Background(), &out, os.Getenv("REDIS_ADDR"), cfg)
 	t.Log("\n" + out.String())
