@@ -601,8 +601,10 @@ func (m *DistMutex) settle(h *hold, want int, res int64, sent time.Time, err err
 	case want > 0 && m.renew:
 		h.extendLocked(sent)
 	}
-	if err == nil && res != releaseNotHeld && want == 0 && c.hook != nil {
-		news = append(news, notice{ev: h.event(EventReleased, time.Since(h.acquired), nil)})
+	if want == 0 && h.lostErr == nil && c.hook != nil {
+		// Not lost (before or by this call): the hold ends here, released or
+		// dropped after a failed release.
+		news = append(news, notice{ev: h.event(EventReleased, time.Since(h.acquired), err)})
 	}
 	lost := h.lostErr
 	h.count = want

@@ -78,6 +78,7 @@ type hold struct {
 	gid   int64
 	count int
 	fence int64
+	id    uint64 // Event.Hold
 
 	acquired time.Time // when the hold began
 	valid    time.Time // validity deadline on the monotonic clock
@@ -269,7 +270,9 @@ func (c *Client) loseLocked(h *hold, cause error) []notice {
 	c.wd.removeLocked(h)
 	c.log.Warn("remutex: lock lost", "lock", h.m.spec.name, "owner", ownerString(h.owner), "fence", h.fence, "cause", cause.Error())
 	err := h.m.wrap(h.lostErr)
-	return []notice{{err: err, ev: h.event(EventLost, time.Since(h.acquired), err)}}
+	ev := h.event(EventLost, time.Since(h.acquired), err)
+	ev.Reason = lossReason(cause)
+	return []notice{{err: err, ev: ev}}
 }
 
 // jitter returns a random duration in [0, d).

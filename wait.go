@@ -32,6 +32,7 @@ type attempt struct {
 	heardAtSend bool      // the subscription was confirmed when the latest call was sent
 	pttl        time.Duration
 	split       bool  // quorum: contenders split the servers; hold off a while
+	granted     bool  // the latest wake-up was the queue's grant (Event.Granted)
 	lastErr     error // the transient error being retried, or nil
 	bo, poll    backoff
 	splitBo     backoff
@@ -91,7 +92,7 @@ func (a *attempt) run(ctx context.Context) (bool, error) {
 			return a.wait(ctx, r, err)
 		case ctx.Err() != nil:
 			// Redis may have applied the call whose reply never came.
-			return a.giveUp(ctx, err)
+			return a.giveUpAtOnce(ctx, err)
 		default:
 			return false, m.wrap(err)
 		}
@@ -193,11 +194,14 @@ func (a *attempt) complete(ctx context.Context, fence int64, sent time.Time, d t
 		return false, nil
 	}
 	h.acquired = now
+	h.id = c.nextSeqLocked()
 	m.addHoldLocked(h)
 	c.wd.addLocked(h)
 	c.mu.Unlock()
 	if c.hook != nil {
-		c.emit(h.event(EventAcquired, now.Sub(a.start), nil))
+		ev := h.event(EventAcquired, now.Sub(a.start), nil)
+		ev.Granted, ev.Context = a.granted, ctx
+		c.emit(ev)
 	}
 	return true, nil
 }
@@ -219,10 +223,8 @@ func (a *attempt) wait(ctx context.Context, r reply, err error) (_ bool, failed 
 	a.enter()
 	defer a.exit()
 	if c := a.m.c; c.hook != nil {
-		start := time.Now()
-		defer func() {
-			c.emit(Event{Kind: EventWaited, Lock: a.m.spec.name, Owner: ownerString(a.owner), Duration: time.Since(start), Err: failed})
-		}()
+		c.emit(a.waitEvent(ctx, EventWaiting, nil))
+		defer func() { c.emit(a.waitEvent(ctx, EventWaited, failed)) }()
 	}
 	for {
 		switch {
@@ -239,6 +241,7 @@ func (a *attempt) wait(ctx context.Context, r reply, err error) (_ bool, failed 
 		default:
 			a.note(r, err)
 			granted, fence, err := a.sleep(ctx)
+			a.granted = granted
 			if err != nil {
 				return a.giveUp(ctx, err)
 			}

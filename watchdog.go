@@ -216,6 +216,9 @@ func (w *watchdog) apply(r *renewal) (news []notice) {
 			// Failed or too late: try again soon; scan loses the hold when
 			// its deadline passes first.
 			h.next = now.Add(max(h.m.spec.lease/12, 5*time.Millisecond))
+			if c.hook != nil {
+				news = append(news, notice{ev: h.event(EventRenewFailed, now.Sub(r.sent), errRenewFailed)})
+			}
 		}
 	}
 	return news

@@ -121,11 +121,13 @@ func logEvent(log *slog.Logger, ev remutex.Event) {
 
 // durationKey names the duration each kind of event carries.
 var durationKey = map[remutex.EventKind]string{
-	remutex.EventAcquired: "took",       // from the Lock call until it held the lock
-	remutex.EventWaited:   "waited",     // from finding the lock busy until it held it or gave up
-	remutex.EventReleased: "held",       // from acquiring to releasing
-	remutex.EventLost:     "held",       // from acquiring to the loss
-	remutex.EventRenewed:  "round_trip", // of the renewal
+	remutex.EventAcquired:    "took",       // from the Lock call until it held the lock
+	remutex.EventWaiting:     "after",      // from the Lock call until it found the lock busy
+	remutex.EventWaited:      "waited",     // from the Lock call until it held the lock or gave up
+	remutex.EventReleased:    "held",       // from acquiring to releasing
+	remutex.EventLost:        "held",       // from acquiring to the loss
+	remutex.EventRenewed:     "round_trip", // of the renewal
+	remutex.EventRenewFailed: "round_trip", // of the renewal that failed
 }
 
 // holdOrder passes a Client's events on in the order the lock changed hands.
@@ -137,8 +139,8 @@ var durationKey = map[remutex.EventKind]string{
 // once. holdOrder holds a new holder's events back until the previous
 // holder's "released" (or "lost") has been passed on. That is never long:
 // every hold of a Client ends with one of the two, reported as soon as its
-// Unlock returns (or Close, for the holds it ends). A Lock that gave up
-// waiting never held the lock, and is passed on at once.
+// Unlock returns (or Close, for the holds it ends). A Lock that begins to
+// wait, or gave up waiting, does not hold the lock, and is passed on at once.
 type holdOrder struct {
 	mu      sync.Mutex
 	next    func(remutex.Event)
@@ -157,8 +159,8 @@ func (o *holdOrder) pass(ev remutex.Event) {
 }
 
 func (o *holdOrder) passLocked(ev remutex.Event) {
-	gaveUp := ev.Kind == remutex.EventWaited && ev.Err != nil
-	if h := o.holder[ev.Lock]; h != "" && h != ev.Owner && !gaveUp {
+	now := ev.Kind == remutex.EventWaiting || ev.Kind == remutex.EventWaited && ev.Err != nil
+	if h := o.holder[ev.Lock]; h != "" && h != ev.Owner && !now {
 		o.waiting[ev.Lock] = append(o.waiting[ev.Lock], ev)
 		return
 	}
