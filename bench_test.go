@@ -140,6 +140,33 @@ func BenchmarkLockUnlock(b *testing.B) {
 	b.ReportMetric(float64((processCPU()-cpu).Microseconds())/float64(b.N), "client-cpu-us/op")
 }
 
+// BenchmarkRWMutex is a DistRWMutex's uncontended RLock+RUnlock and
+// Lock+Unlock cycles, to set beside BenchmarkLockUnlock.
+func BenchmarkRWMutex(b *testing.B) {
+	for _, read := range []bool{true, false} {
+		b.Run(map[bool]string{true: "RLock", false: "Lock"}[read], func(b *testing.B) {
+			var cnt rttCounter
+			c := clientOn(b, benchRDB(b, benchAddr(b), &cnt))
+			rw := c.NewRWMutex(benchName(b))
+			lock, unlock := rw.Lock, rw.Unlock
+			if read {
+				lock, unlock = rw.RLock, rw.RUnlock
+			}
+			lock() // load the scripts, open the connection
+			unlock()
+			b.ReportAllocs()
+			cnt.reset()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				lock()
+				unlock()
+			}
+			b.StopTimer()
+			b.ReportMetric(float64(cnt.rtt.Load())/float64(b.N), "rtt/op")
+		})
+	}
+}
+
 // BenchmarkNested is Lock×depth then Unlock×depth on one goroutine. Only the
 // outermost pair takes and frees the lock; rtt/nested is the cost of each
 // nested Lock or Unlock alone.
