@@ -18,6 +18,7 @@
 //	held         10,000 locks held by one client for three lease periods
 //	rw           DistRWMutex (remutex only): RLock+RUnlock beside Lock+Unlock,
 //	             and a read-heavy load on DistRWMutex and on DistMutex
+//	hooks        remutex's cycle with and without the OpenTelemetry adapter
 //
 // The program exits non-zero only on a correctness violation: two holders at
 // once, a tryLock that took a held lock, or a remutex hold lost while held.
@@ -79,7 +80,7 @@ func parseFlags() flags {
 	flag.StringVar(&f.libs, "libs", "", "comma-separated variant names to run (default: all)")
 	flag.IntVar(&f.held, "held", 0, "locks in the held scenario (default 10000, 1000 with -short)")
 	flag.Float64Var(&f.awaitLoad, "await-load", 0, "before measuring, wait up to 10 minutes for the 1-minute load average to drop below this (0: don't wait)")
-	flag.StringVar(&f.scenarios, "scenarios", "uncontended,nested,contended,held,rw", "scenarios to run")
+	flag.StringVar(&f.scenarios, "scenarios", "uncontended,nested,contended,held,rw,hooks", "scenarios to run")
 	flag.StringVar(&f.cpuprofile, "cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.DurationVar(&f.timeout, "timeout", 0, "give up after this long, printing every goroutine's stack (default 10m, 3m with -short)")
 	flag.Parse()

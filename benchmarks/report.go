@@ -37,6 +37,7 @@ func markdown(r *results) string {
 	w.held(r)
 	w.nested(r)
 	w.rw(r)
+	w.hooks(r)
 	w.configurations(r)
 	return w.String()
 }

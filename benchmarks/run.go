@@ -19,6 +19,7 @@ type results struct {
 	Contended   map[string]*contendedResult
 	Held        map[string]*heldResult
 	RW          *rwResult
+	Hooks       map[string]*cycleResult // the uncontended cycle with and without the OpenTelemetry adapter
 	Violations  []string
 	Problems    []string // errors of a peer that are not violations
 }
@@ -77,6 +78,9 @@ func run(p plan, vs []variant, want map[string]bool) (*results, error) {
 	}
 	if want["rw"] {
 		res.runRW(srv)
+	}
+	if want["hooks"] {
+		res.runHooks(srv)
 	}
 	res.noteStalls(vs)
 	res.Machine.LoadEnd = loadavg()
