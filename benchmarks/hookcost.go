@@ -94,8 +94,8 @@ func (w *page) hooks(r *results) {
 		return
 	}
 	w.p("## (f) The cost of observing (remutex)\n\n")
-	w.p("remutex's uncontended Lock+Unlock cycle with no hook, with the OpenTelemetry adapter (`otel/`) recording metrics "+
-		"into the SDK (a manual reader), and recording metrics and spans (every span sampled, kept by the SDK until shut "+
+	w.p("remutex's uncontended Lock+Unlock cycle with no hook, with the OpenTelemetry adapter (`otel/`) recording metrics " +
+		"into the SDK (a manual reader), and recording metrics and spans (every span sampled, kept by the SDK until shut " +
 		"down). Rounds alternate between the three.\n\n")
 	w.p("| hook | µs/cycle | p99 µs | allocs | bytes | vs no hook |\n|---|---:|---:|---:|---:|---:|\n")
 	base := r.Hooks["no hook"]
