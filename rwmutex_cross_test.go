@@ -463,3 +463,183 @@ func TestRWMutexIndependentOfMutex(t *testing.T) {
 		h.do(t, hangGuard, "RUnlock", rw.RUnlock)
 	})
 }
+
+// TestRWMutexWrongType: a key of another type at any of a read/write lock's
+// keys makes every way to take it, for reading or writing, return a
+// WrongTypeError naming the key, and leaves the data as it was, with no
+// other key written.
+func TestRWMutexWrongType(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *testBackend) {
+		ctx := context.Background()
+		rdb := b.rdb(t)
+		c := b.client(t)
+		str := func(key string) error { return rdb.Set(ctx, key, "precious", 0).Err() }
+		list := func(key string) error { return rdb.RPush(ctx, key, "precious").Err() }
+		cases := []struct {
+			name  string
+			key   func(rwKeyNames) string
+			plant func(key string) error
+			typ   string
+		}{
+			{"string at the writers key", func(k rwKeyNames) string { return k.w }, str, "string"},
+			{"string at the readers key", func(k rwKeyNames) string { return k.readers }, str, "string"},
+			{"string at the queue key", func(k rwKeyNames) string { return k.queue }, str, "string"},
+			{"string at the queue liveness key", func(k rwKeyNames) string { return k.alive }, str, "string"},
+			{"list at the fence key", func(k rwKeyNames) string { return k.fence }, list, "list"},
+			{"non-integer fence", func(k rwKeyNames) string { return k.fence }, str, "non-integer"},
+		}
+		for i, tc := range cases {
+			t.Run(tc.name, func(t *testing.T) {
+				name := fmt.Sprintf("%s.%d", lockName(t), i)
+				k := rwKeysOf(name)
+				key := tc.key(k)
+				require.NoError(t, tc.plant(key))
+				before := rwContent(t, rdb, key)
+				rw := c.NewRWMutex(name, WithFencing())
+				check := func(what string, err error) {
+					t.Helper()
+					var wt *WrongTypeError
+					if assert.ErrorAs(t, err, &wt, what) {
+						assert.Equal(t, key, wt.Key, "%s: WrongTypeError.Key", what)
+						assert.Equal(t, tc.typ, wt.Type, "%s: WrongTypeError.Type", what)
+					}
+				}
+				check("LockContext", rw.LockContext(ctx))
+				check("RLockContext", rw.RLockContext(ctx))
+				ok, err := rw.TryLockContext(ctx)
+				assert.False(t, ok, "TryLockContext: got true")
+				check("TryLockContext", err)
+				ok, err = rw.TryRLockContext(ctx)
+				assert.False(t, ok, "TryRLockContext: got true")
+				check("TryRLockContext", err)
+				assert.Equal(t, before, rwContent(t, rdb, key), "the data at %s", key)
+				assert.Equal(t, time.Duration(-1), rdb.TTL(ctx, key).Val(), "the TTL of %s", key)
+				for _, other := range k.all() {
+					if other != key {
+						assert.Zero(t, rdb.Exists(ctx, other).Val(), "stray key %s", other)
+					}
+				}
+			})
+		}
+	})
+}
+
+// rwContent returns the type and value of a string or list key.
+func rwContent(t testing.TB, rdb *redis.Client, key string) []string {
+	t.Helper()
+	ctx := context.Background()
+	typ, err := rdb.Type(ctx, key).Result()
+	require.NoError(t, err)
+	var v []string
+	if typ == "list" {
+		v, err = rdb.LRange(ctx, key, 0, -1).Result()
+	} else {
+		var s string
+		s, err = rdb.Get(ctx, key).Result()
+		v = []string{s}
+	}
+	require.NoError(t, err)
+	return append([]string{typ}, v...)
+}
+
+// TestRWMutexWatchdogBatchesReadHolds: 1000 read holds of one Client (a
+// NonReentrant value: each RLock another hold) are renewed in renew calls
+// of up to 500 holds, in one pipelined round trip per renewal window, not
+// in 1000 calls. (All holds fall in one window if the RLocks take less than
+// a sixth of the lease; on a slow machine they may take two.) On miniredis,
+// whose scripts are slow (see TestHammer), 250 holds.
+func TestRWMutexWatchdogBatchesReadHolds(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *testBackend) {
+		const lease = 6 * time.Second // renewed every 2s
+		holds := 1000
+		if !b.real() {
+			holds = 250
+		}
+		name := lockName(t)
+		k := rwKeysOf(name)
+		rec := newRenewRecorder()
+		rdb := b.rdb(t)
+		rdb.AddHook(rec.hook())
+		rw := clientOn(t, rdb).NewRWMutex(name, WithLease(lease), NonReentrant())
+		start := time.Now()
+		for i := 0; i < holds; i++ {
+			rw.RLock()
+		}
+		took := time.Since(start)
+		t.Logf("%d RLocks took %v", holds, took)
+		require.Less(t, took, lease/3, "the RLocks must end before the first renewal for the test to mean anything")
+		assert.Equal(t, int64(holds), b.rdb(t).ZCard(context.Background(), k.readers).Val(), "read holds in Redis")
+		renewed := func() (n int) {
+			for _, p := range rec.pipelines() {
+				for _, keys := range p {
+					n += len(keys)
+				}
+			}
+			return n
+		}
+		for renewed() < holds {
+			await(t, rec.seen, "a renewal")
+		}
+		ps := rec.pipelines()
+		assert.LessOrEqual(t, len(ps), 2, "renewal round trips until every hold was renewed")
+		calls := 0
+		for _, p := range ps {
+			for _, keys := range p {
+				calls++
+				assert.LessOrEqual(t, len(keys), 500, "holds renewed by one call")
+				for _, key := range keys {
+					if key != k.readers {
+						t.Fatalf("a renew call renews %s, want only %s", key, k.readers)
+					}
+				}
+			}
+		}
+		assert.LessOrEqual(t, calls, (holds+499)/500+1, "renew calls until every hold was renewed")
+		t.Logf("%d holds renewed by %d calls in %d round trips", renewed(), calls, len(ps))
+		assert.False(t, isClosed(rw.Lost()), "Lost after the renewal")
+		for i := 0; i < holds; i++ {
+			rw.RUnlock()
+		}
+	})
+}
+
+// TestRWMutexLostOnFlushAll: FLUSHALL ends every hold: the watchdog finds
+// the read holds (of two goroutines, one also nested) and the write hold
+// gone, Lost closes for each, the error handler hears of each, and their
+// unlocks report ErrLockLost, nested ones too.
+func TestRWMutexLostOnFlushAll(t *testing.T) {
+	eachFreshBackend(t, func(t *testing.T, b *testBackend) {
+		name := lockName(t)
+		const lease = 300 * time.Millisecond
+		c, errs := clientWithErrors(t, b.rdb(t))
+		rw := c.NewRWMutex(name, WithLease(lease))
+		wrw := c.NewRWMutex(name+".w", WithLease(lease))
+		r1, r2, w := newFaultGoroutine(t), newFaultGoroutine(t), newFaultGoroutine(t)
+		var lost [3]<-chan struct{}
+		r1.do(t, hangGuard, "RLock twice", func() { rw.RLock(); rw.RLock(); lost[0] = rw.Lost() })
+		r2.do(t, hangGuard, "RLock", func() { rw.RLock(); lost[1] = rw.Lost() })
+		w.do(t, hangGuard, "Lock", func() { wrw.Lock(); lost[2] = wrw.Lost() })
+		for i, l := range lost {
+			require.False(t, isClosed(l), "Lost %d closed before the FLUSHALL", i)
+		}
+		require.NoError(t, b.rdb(t).FlushAll(context.Background()).Err())
+		for i, l := range lost {
+			await(t, l, fmt.Sprintf("Lost %d to close after the FLUSHALL", i))
+		}
+		waitFor(t, "the error handler to hear of three losses", func() bool { return errs.count(ErrLockLost) >= 3 })
+		var e1, e2, e3, e4 error
+		r1.do(t, hangGuard, "RUnlockContext twice", func() {
+			e1 = rw.RUnlockContext(context.Background())
+			e2 = rw.RUnlockContext(context.Background())
+		})
+		r2.do(t, hangGuard, "RUnlockContext", func() { e3 = rw.RUnlockContext(context.Background()) })
+		w.do(t, hangGuard, "UnlockContext", func() { e4 = wrw.UnlockContext(context.Background()) })
+		for i, err := range []error{e1, e2, e3, e4} {
+			assert.ErrorIs(t, err, ErrLockLost, "unlock %d after the FLUSHALL", i)
+		}
+		var ok bool
+		r2.do(t, hangGuard, "TryLock", func() { ok = rw.TryLock() })
+		assert.True(t, ok, "TryLock after the lost holds were unlocked")
+		r2.do(t, hangGuard, "Unlock", rw.Unlock)
+	})
+}
