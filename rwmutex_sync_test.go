@@ -13,6 +13,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -135,10 +136,13 @@ func TestSyncRWMutex(t *testing.T) {
 // hammerRWMutex is sync's HammerRWMutex: two writers and readers goroutines
 // spread over rws (the same lock in several Clients). activity counts the
 // readers inside plus 10000 per writer inside: a reader must find it between
-// 1 and 9999, a writer exactly 10000.
+// 1 and 9999, a writer exactly 10000. Each stays inside for a moment (sync's
+// empty loop; here a pause, as round trips are long) so that a hold that
+// overlaps another is seen.
 func hammerRWMutex(t *testing.T, rws []*DistRWMutex, readers, iterations int) {
 	ctx := testCtx(t, 2*hangGuard)
 	var activity atomic.Int32
+	inside := func() { time.Sleep(200 * time.Microsecond) }
 	var g rwGroup
 	writer := func(rw *DistRWMutex) error {
 		for i := 0; i < iterations; i++ {
@@ -146,6 +150,7 @@ func hammerRWMutex(t *testing.T, rws []*DistRWMutex, readers, iterations int) {
 				return fmt.Errorf("writer: LockContext: %w", err)
 			}
 			n := activity.Add(10000)
+			inside()
 			activity.Add(-10000)
 			if err := rw.UnlockContext(context.Background()); err != nil {
 				return fmt.Errorf("writer: UnlockContext: %w", err)
@@ -162,6 +167,7 @@ func hammerRWMutex(t *testing.T, rws []*DistRWMutex, readers, iterations int) {
 				return fmt.Errorf("reader: RLockContext: %w", err)
 			}
 			n := activity.Add(1)
+			inside()
 			activity.Add(-1)
 			if err := rw.RUnlockContext(context.Background()); err != nil {
 				return fmt.Errorf("reader: RUnlockContext: %w", err)
