@@ -396,13 +396,18 @@ func TestRWMutexWokenByMessage(t *testing.T) {
 }
 
 // TestRWMutexCancelLeavesNothing: a writer and a reader that give up while
-// queued leave no queue entry and no hold; the readers queued behind a
-// writer that gave up enter at once.
+// queued leave no queue entry and no hold; the reader queued behind a
+// writer that gave up enters at once, by the message of the writer's leave
+// (its own calls after queueing fail).
 func TestRWMutexCancelLeavesNothing(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b *testBackend) {
 		name := lockName(t)
 		k, rdb := rwKeysOf(name), b.rdb(t)
 		rws := rwClients(t, b, name, 3)
+		hook, _ := failAfterFirst("rlock")
+		lrdb := b.rdb(t)
+		lrdb.AddHook(hook)
+		lrw := clientOn(t, lrdb).NewRWMutex(name)
 		r, w, late := newFaultGoroutine(t), newFaultGoroutine(t), newFaultGoroutine(t)
 		r.do(t, hangGuard, "RLock", rws[0].RLock)
 		ctx, cancel := context.WithCancel(context.Background())
@@ -410,15 +415,16 @@ func TestRWMutexCancelLeavesNothing(t *testing.T) {
 		var werr error
 		wdone := w.async(func() { werr = rws[1].LockContext(ctx) })
 		awaitQueued(t, rdb, k, 1)
-		rlocked := late.async(rws[2].RLock)
+		rlocked := late.async(lrw.RLock)
 		awaitQueued(t, rdb, k, 2)
+		faultSubscribed(t, rdb, k.readers+releasedInfix)
 		cancel()
 		faultAwait(t, wdone, hangGuard, "the writer's LockContext once cancelled")
 		assert.ErrorIs(t, werr, context.Canceled, "the writer's LockContext")
-		faultAwait(t, rlocked, hangGuard, "the reader behind the writer that gave up")
+		faultAwait(t, rlocked, 5*time.Second, "the reader behind the writer that gave up")
 		assert.Equal(t, rwState{0, 2, 0}, rwStateOf(t, rdb, k), "writers, readers, queued after the writer gave up")
 		assert.Zero(t, rdb.Exists(context.Background(), k.alive).Val(), "queue liveness key left behind")
-		late.do(t, hangGuard, "RUnlock", rws[2].RUnlock)
+		late.do(t, hangGuard, "RUnlock", lrw.RUnlock)
 
 		r.do(t, hangGuard, "RUnlock", rws[0].RUnlock)
 		w.do(t, hangGuard, "Lock", rws[1].Lock)
