@@ -174,9 +174,10 @@ func TestRWMutexServerRestarted(t *testing.T) {
 	})
 }
 
-// TestRWMutexRenewalBlackholed: the holder's connection stops delivering
-// (renewals vanish): it declares the hold lost within its lease, while the
-// server still has it, and the waiter of another Client gets in only then.
+// TestRWMutexRenewalBlackholed: after a renewal, the holder's connection
+// stops delivering (renewals vanish): it declares the hold lost within its
+// lease, while the server still has it, and the waiter of another Client
+// gets in only then.
 // For a reader holding and a writer waiting, and the other way round.
 func TestRWMutexRenewalBlackholed(t *testing.T) {
 	for _, read := range []bool{true, false} {
@@ -192,7 +193,15 @@ func testRWBlackholed(t *testing.T, read bool) {
 	name := lockName(t)
 	k, direct := rwKeysOf(name), rdbAt(t, srv.Addr())
 	p := redistest.NewProxy(t, srv.Addr())
-	hc, herrs := clientWithErrors(t, rdbAt(t, p.Addr()))
+	renewed := make(chan struct{}, 1)
+	hc, herrs := clientWithErrors(t, rdbAt(t, p.Addr()), WithHook(func(ev Event) {
+		if ev.Kind == EventRenewed {
+			select {
+			case renewed <- struct{}{}:
+			default:
+			}
+		}
+	}))
 	t.Cleanup(p.Heal) // before hc closes: a blackholed renewal would hold Close up
 	hrw := hc.NewRWMutex(name, WithLease(lease))
 	wrw := clientOn(t, direct).NewRWMutex(name, WithLease(lease))
@@ -205,6 +214,7 @@ func testRWBlackholed(t *testing.T, read bool) {
 	h.do(t, hangGuard, "hold", func() { hold(); lost = hrw.Lost() })
 	locked := w.async(wait)
 	awaitQueued(t, direct, k, 1)
+	await(t, renewed, "a renewal of the hold")
 
 	p.SetBlackhole(true)
 	blackholed := time.Now()
