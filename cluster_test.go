@@ -30,6 +30,7 @@ func TestCluster(t *testing.T) {
 	t.Run("WaitersWokenOnTheirMaster", func(t *testing.T) { testClusterWaitersWoken(t, tc) })
 	t.Run("WatchdogRenewsOnEveryMaster", func(t *testing.T) { testClusterWatchdog(t, tc) })
 	t.Run("ReplicaAck", func(t *testing.T) { testClusterReplicaAck(t, tc) })
+	t.Run("RWMutex", func(t *testing.T) { testClusterRWMutex(t, tc) })
 }
 
 // testClusterKeysShareOneSlot checks, for names with and without braces of
