@@ -60,7 +60,9 @@ func checkRWExclusion(t *testing.T, rws []*DistRWMutex, step func(string)) {
 
 // TestRWMutexReplicaAck: with WithReplicaAck(1, ...) a read hold and a write
 // hold are on the replica when RLock and Lock return; readers and writers of
-// three Clients exclude each other (sync's hammer).
+// three Clients exclude each other (sync's hammer). Asking for two replicas
+// of a primary that has one, reads and writes are refused with
+// ErrTooFewReplicas and leave no hold.
 func TestRWMutexReplicaAck(t *testing.T) {
 	p := redistest.StartReplicaPair(t, false)
 	name := lockName(t)
@@ -80,6 +82,16 @@ func TestRWMutexReplicaAck(t *testing.T) {
 		}
 	})
 	hammerRWMutex(t, rwOn(cs, name+".hammer"), 3, 6)
+
+	short := clientOn(t, rdbAt(t, p.Primary.Addr()), WithReplicaAck(2, 50*time.Millisecond)).NewRWMutex(name)
+	ok, err := short.TryRLockContext(ctx)
+	assert.False(t, ok, "TryRLockContext with too few replicas: got true")
+	assert.ErrorIs(t, err, ErrTooFewReplicas, "TryRLockContext with too few replicas")
+	ok, err = short.TryLockContext(ctx)
+	assert.False(t, ok, "TryLockContext with too few replicas: got true")
+	assert.ErrorIs(t, err, ErrTooFewReplicas, "TryLockContext with too few replicas")
+	primary := rdbAt(t, p.Primary.Addr())
+	assert.Zero(t, primary.Exists(ctx, k.w, k.readers, k.queue, k.alive).Val(), "keys left after the refused calls")
 }
 
 // testClusterRWMutex: on each master, the basic exchange of read and write
