@@ -241,3 +241,33 @@ func TestSyncRLocker(t *testing.T) {
 		g.wait(t)
 	})
 }
+
+// TestSyncRWWriterPreference is sync.RWMutex's documented rule, on one
+// value shared by goroutines (NonReentrant, as a sync.RWMutex): once a
+// writer waits for the readers, TryRLock says false and RLock waits until
+// the writer has held the lock and released it.
+func TestSyncRWWriterPreference(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *testBackend) {
+		name := lockName(t)
+		k, rdb := rwKeysOf(name), b.rdb(t)
+		m := b.client(t).NewRWMutex(name, NonReentrant())
+		r, w, late := newFaultGoroutine(t), newFaultGoroutine(t), newFaultGoroutine(t)
+		r.do(t, hangGuard, "RLock", m.RLock)
+		var wrote atomic.Bool
+		locked := w.async(func() { m.Lock(); wrote.Store(true) })
+		awaitQueued(t, rdb, k, 1)
+		var ok bool
+		late.do(t, hangGuard, "TryRLock", func() { ok = m.TryRLock() })
+		assert.False(t, ok, "TryRLock while a writer waits: got true, want false")
+		var sawWrite bool
+		rlocked := late.async(func() { m.RLock(); sawWrite = wrote.Load() })
+		awaitQueued(t, rdb, k, 2)
+		r.do(t, hangGuard, "RUnlock", m.RUnlock)
+		faultAwait(t, locked, hangGuard, "the writer once the reader left")
+		notYet(t, rlocked, "the late reader while the writer holds")
+		w.do(t, hangGuard, "Unlock", m.Unlock)
+		faultAwait(t, rlocked, hangGuard, "the late reader once the writer left")
+		assert.True(t, sawWrite, "the late reader got in before the writer")
+		late.do(t, hangGuard, "RUnlock", m.RUnlock)
+	})
+}
