@@ -97,6 +97,8 @@ func runChild(role string) int {
 		return faultHolderRole(cfg)
 	case "soak":
 		return faultSoakRole(cfg)
+	case "rw":
+		return rwRole(cfg)
 	}
 	redistest.Emit("fatal", "unknown-role", role)
 	return 2

@@ -116,6 +116,10 @@ func (c *Child) ID() string { return c.id }
 // Pid returns the process ID.
 func (c *Child) Pid() int { return c.cmd.Process.Pid }
 
+// Stderr returns what the child wrote to stderr so far (a panic's message,
+// say).
+func (c *Child) Stderr() string { return c.stderr.String() }
+
 // Exited is closed once the child exited and was reaped.
 func (c *Child) Exited() <-chan struct{} { return c.exited }
 
