@@ -69,6 +69,8 @@ type quorum struct {
 	nodes    []*node
 	majority int
 	bg       sync.WaitGroup // calls still running after a decision; joined by close
+	mu       sync.Mutex
+	closed   bool // set by close before it waits for bg: no fan-out starts after
 }
 
 func (q *quorum) grants() bool      { return false }
@@ -107,8 +109,14 @@ func fanOut[T any](q *quorum, f func(*node) (T, error), decided func([]answer[T]
 	ch := make(chan indexed[T], len(q.nodes))
 	var mu sync.Mutex
 	finished := false
+	if !q.start() {
+		got := make([]answer[T], len(q.nodes))
+		for i := range got {
+			got[i].err = ErrClosed
+		}
+		return got
+	}
 	for i, n := range q.nodes {
-		q.bg.Add(1)
 		go func() {
 			defer q.bg.Done()
 			v, err := f(n)
@@ -453,7 +461,23 @@ func (q *quorum) polling() bool {
 	return false
 }
 
+// start counts a fan-out's calls in bg, unless the quorum is closed: a
+// waiter that gives up after Close woke it must not add to bg while close
+// waits for it.
+func (q *quorum) start() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed {
+		return false
+	}
+	q.bg.Add(len(q.nodes))
+	return true
+}
+
 func (q *quorum) close() {
+	q.mu.Lock()
+	q.closed = true
+	q.mu.Unlock()
 	for _, n := range q.nodes {
 		n.close()
 	}

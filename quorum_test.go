@@ -4,12 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/remutex/remutex/internal/redistest"
 )
@@ -417,5 +421,32 @@ func TestQuorumRestartCaveat(t *testing.T) {
 	}
 	if err := mb.UnlockContext(ctx); err != nil {
 		t.Errorf("second holder's UnlockContext: got %v, want nil", err)
+	}
+}
+
+// TestQuorumCloseWhileWaiting closes a quorum Client while one of its
+// goroutines waits: the waiter, woken by Close, gives up and leaves the
+// queues with a fan-out that must not start while Close waits for the
+// fan-outs still running (a WaitGroup misuse -race reports).
+func TestQuorumCloseWhileWaiting(t *testing.T) {
+	var rdbs []redis.UniversalClient
+	for range 3 {
+		rdbs = append(rdbs, rdbAt(t, miniredis.RunT(t).Addr()))
+	}
+	holder := NewQuorumClient(rdbs, WithLogger(testLogger(t)))
+	t.Cleanup(func() { _ = holder.Close() })
+	for i := range 20 {
+		name := lockName(t) + strconv.Itoa(i)
+		hm := holder.NewMutex(name)
+		require.NoError(t, hm.LockContext(context.Background()))
+		waiter := NewQuorumClient(rdbs, WithLogger(testLogger(t)))
+		done := make(chan error, 1)
+		go func() { done <- waiter.NewMutex(name).LockContext(context.Background()) }()
+		waitFor(t, "the waiter in the queues", func() bool {
+			return rdbs[0].Exists(context.Background(), keysOf(name).queue).Val() == 1
+		})
+		require.NoError(t, waiter.Close())
+		assert.ErrorIs(t, await(t, done, "the waiter's LockContext"), ErrClosed)
+		require.NoError(t, hm.UnlockContext(context.Background()))
 	}
 }
