@@ -15,7 +15,9 @@ local owner, have, want, lease, fencing = ARGV[1], ARGV[2], ARGV[3], ARGV[4], AR
 -- reader that holds nothing waits behind any waiting writer).
 if have == '0' and redis.call('exists', KEYS[1], queue, KEYS[4]) == 0 then
   local f = 0
-  if fencing ~= '0' then f = tonumber(redis.pcall('get', KEYS[2])) end
+  -- (No counter yet: no write so far, token 0. A key of another type: the
+  -- slow path names it.)
+  if fencing ~= '0' then f = tonumber(redis.pcall('get', KEYS[2]) or '0') end
   if f then
     local t = redis.call('time')
     local r = redis.pcall('zadd', R, t[1] * 1000 + math.floor(t[2] / 1000) + lease, owner)
@@ -84,7 +86,7 @@ if redis.call('exists', KEYS[1]) == 0 then
   local head = queue_head()
   if not head or head == entry then return take() end
 end
-if not entry then return {0, rw_pttl()} end
+if not entry then return {0, rw_pttl(now)} end
 bad = enqueue(entry, now, tonumber(ttl))
 if bad then return bad end
-return {2, rw_pttl()}
+return {2, rw_pttl(now)}

@@ -129,10 +129,16 @@ local function grant_rw(now)
   return 2
 end
 
--- The holder's remaining lease, for a waiter's timer: W's, else the latest
--- reader's.
-local function rw_pttl()
+-- How long until what the caller waits for may change by itself, for a
+-- waiter's timer: the writer's remaining lease, else the latest reader's,
+-- else (nobody holds; a quorum's waiter waits behind an entry whose waiter
+-- may have gone) the head entry's liveness.
+local function rw_pttl(now)
   local t = pttl_of(W)
   if t == 0 then t = pttl_of(R) end
-  return t
+  if t > 0 then return t end
+  local head = queue_head()
+  local d = head and tonumber(redis.call('zscore', alive, head))
+  if d then return math.max(d - now_ms(now), 1) end
+  return 0
 end

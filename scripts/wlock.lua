@@ -81,7 +81,7 @@ end
 -- Whoever waits for what is over now gets it (readers at the head while
 -- no writer holds, the head writer of a free lock); the caller queues.
 grant_rw(now)
-if not entry then return {0, rw_pttl()} end
+if not entry then return {0, rw_pttl(now)} end
 bad = enqueue(entry, now, tonumber(ttl))
 if bad then return bad end
-return {2, rw_pttl()}
+return {2, rw_pttl(now)}
