@@ -270,7 +270,11 @@ func (s *subscriber) run(conn *psConn) {
 			}
 			// The connection broke; go-redis reconnects and subscribes again
 			// on the next receive. Messages may have been missed meanwhile:
-			// every waiter looks again.
+			// every waiter looks again. A shard channel whose master died
+			// and was failed over follows its slot to the new master.
+			if conn.sharded {
+				s.rehome(conn)
+			}
 			s.c.wakeAll()
 			t := time.NewTimer(bo.next())
 			select {
@@ -347,6 +351,33 @@ func (s *subscriber) moved(conn *psConn, channel string) {
 	s.detachLocked(conn, channel, e)
 	s.mu.Unlock()
 	s.follow(conn, []string{channel})
+}
+
+// rehome moves the channels of conn, whose connection broke, to the master
+// that serves their slot now, if that is another one: a master that died
+// sends no SUNSUBSCRIBE, and its replica, promoted, does not know of the
+// subscriptions. It asks the cluster client to reload its view of the
+// slots, and is called again on every failed reconnection until the view
+// names the new master.
+func (s *subscriber) rehome(conn *psConn) {
+	cc, ok := s.n.rdb.(*redis.ClusterClient)
+	if !ok {
+		return
+	}
+	cc.ReloadState(context.Background())
+	s.mu.Lock()
+	var chans []string
+	for ch, e := range s.chans {
+		if e.conn != conn {
+			continue
+		}
+		if node, err := cc.MasterForKey(context.Background(), ch); err == nil && node.Options().Addr != conn.addr {
+			s.detachLocked(conn, ch, e)
+			chans = append(chans, ch)
+		}
+	}
+	s.mu.Unlock()
+	s.follow(conn, chans)
 }
 
 // redirected handles a MOVED reply to a subscription sent on conn: the
