@@ -149,6 +149,13 @@ func (r *Register) Enter(who string, fence int64) (exit func()) {
 	}
 }
 
+// EnterErrors returns the errors of Enter's calls so far.
+func (r *Register) EnterErrors() []error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]error(nil), r.errs...)
+}
+
 func (r *Register) fail(err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -274,11 +281,9 @@ func (r *Register) Check(t testing.TB) (accepted, stale []Write) {
 // fewer than want were accepted.
 func (r *Register) CheckSections(t testing.TB, want int) {
 	t.Helper()
-	r.mu.Lock()
-	for _, err := range r.errs {
+	for _, err := range r.EnterErrors() {
 		t.Error(err)
 	}
-	r.mu.Unlock()
 	accepted, stale := r.Check(t)
 	for _, w := range stale {
 		t.Errorf("register: got a refused section %v (its fence was below one seen before), want none", w)

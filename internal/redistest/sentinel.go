@@ -31,7 +31,8 @@ const (
 // through go-redis's failover client (Client). The primary can be killed
 // (Stop) or paused (Signal SIGSTOP) and the promotion awaited (AwaitSwitch):
 // the sentinels announce it, and every other step of a failover, on their
-// pub/sub channels, which the harness reads from the first sentinel.
+// pub/sub channels, which the harness reads from all three (a sentinel
+// announces what it did itself, such as reconfiguring a server).
 type Sentinel struct {
 	Servers   []*Server // the data servers: Servers[0] is the first primary
 	Sentinels []*Server
@@ -58,7 +59,10 @@ func StartSentinel(t testing.TB) *Sentinel {
 		s.Sentinels = append(s.Sentinels, startSentinel(t, bin, primary))
 	}
 	s.awaitWatching(t)
-	s.events = watchSentinel(t, s.Sentinels[0])
+	s.events = &sentinelEvents{kick: make(chan struct{}, 1)}
+	for _, sn := range s.Sentinels {
+		s.events.watch(t, sn)
+	}
 	return s
 }
 
@@ -193,8 +197,8 @@ func (s *Sentinel) Await(t testing.TB, channel, part string) SentinelEvent {
 	}
 }
 
-// sentinelEvents collects what one sentinel publishes, from a goroutine
-// that the end of the test stops and joins.
+// sentinelEvents collects what the sentinels publish, from a goroutine per
+// sentinel that the end of the test stops and joins.
 type sentinelEvents struct {
 	mu     sync.Mutex
 	events []SentinelEvent
@@ -202,16 +206,15 @@ type sentinelEvents struct {
 	kick   chan struct{}
 }
 
-// watchSentinel subscribes to every channel of sentinel sn and collects the
-// events from the moment it returns.
-func watchSentinel(t testing.TB, sn *Server) *sentinelEvents {
+// watch subscribes to every channel of sentinel sn and collects its events
+// from the moment it returns.
+func (ev *sentinelEvents) watch(t testing.TB, sn *Server) {
 	t.Helper()
 	rdb := newRDB(t, sn.Addr())
 	ps := rdb.PSubscribe(adminCtx(t), "*")
 	if _, err := ps.Receive(adminCtx(t)); err != nil { // the confirmation
 		t.Fatalf("PSUBSCRIBE * on sentinel %v: %v", sn.Addr(), err)
 	}
-	ev := &sentinelEvents{kick: make(chan struct{}, 1)}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -223,7 +226,6 @@ func watchSentinel(t testing.TB, sn *Server) *sentinelEvents {
 		_ = ps.Close()
 		<-done
 	})
-	return ev
 }
 
 func (ev *sentinelEvents) add(e SentinelEvent) {

@@ -465,3 +465,15 @@ func (c *Cluster) AwaitPromotion(t testing.TB, slot int, replica *Node) {
 	c.Replicas = slices.DeleteFunc(c.Replicas, func(n *Node) bool { return n == replica })
 	replica.Master = nil
 }
+
+// Rejoin restarts node, a master that was killed and failed over, with its
+// cluster configuration (as a supervisor restarts a crashed server): it
+// comes back as a replica of master, the node that replaced it. Rejoin waits
+// until master has it in sync and acknowledging.
+func (c *Cluster) Rejoin(t testing.TB, node, master *Node) {
+	t.Helper()
+	node.Restart(t)
+	awaitInSync(t, master.Server, []*Server{node.Server})
+	node.Master = master
+	c.Replicas = append(c.Replicas, node)
+}
