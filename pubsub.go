@@ -381,8 +381,10 @@ func (s *subscriber) rehome(conn *psConn) {
 }
 
 // redirected handles a MOVED reply to a subscription sent on conn: the
-// cluster client's view of the slots was out of date. The channels of that
-// slot that conn did not confirm are subscribed again where the slot lives.
+// cluster client's view of the slots was out of date, or conn's node, a
+// master that died and came back as a replica, was subscribed again by
+// go-redis when it reconnected. The channels of that slot on conn, confirmed
+// or not, are subscribed again where the slot lives.
 func (s *subscriber) redirected(conn *psConn, err error) {
 	f := strings.Fields(err.Error()) // MOVED <slot> <addr>
 	if len(f) != 3 {
@@ -395,7 +397,7 @@ func (s *subscriber) redirected(conn *psConn, err error) {
 	var chans []string
 	s.mu.Lock()
 	for ch, e := range s.chans {
-		if e.conn == conn && !e.confirmed && keySlot(ch) == slot {
+		if e.conn == conn && keySlot(ch) == slot {
 			s.detachLocked(conn, ch, e)
 			chans = append(chans, ch)
 		}
