@@ -29,7 +29,9 @@ import (
 //
 // What is asserted is what docs/deployments.md states:
 //   - with WithReplicaAck(1, ...): no anomaly at all in the register (no
-//     overlapping sections, no shared or falling fence, no refused write);
+//     overlapping sections, no shared or falling fence, no refused write),
+//     but for a goroutine that continues its own hold after an Unlock that
+//     could not reach Redis (see takesOver), which is counted apart;
 //   - without it: none among sections on the primary while it lived, none
 //     among sections acquired after the failover settled; across the
 //     failover anything may happen, and what did is logged;
@@ -38,7 +40,10 @@ import (
 //     across the failover is either reported lost (Lost closes) or renewed
 //     on the new primary, which has its owner's field; a waiter's
 //     subscription follows the lock to the new primary, and a release there
-//     reaches it as a message.
+//     reaches it as a message; a Client that only holds a lock across the
+//     failover (and so has no subscription that could notice it) keeps it,
+//     unless the new primary says it is not its own, and takes a fresh lock
+//     there.
 //
 // The figures (time from the fault to the promotion and to the first Lock
 // that returned after it, sections, anomalies) are logged on lines that
@@ -85,7 +90,7 @@ type foDeployment interface {
 // foResult is what one failover run measured.
 type foResult struct {
 	fault, promoted, settled time.Time
-	firstLock                time.Time // the first LockContext to return the lock after the fault
+	firstLock                time.Time // the first LockContext to return the lock once a promotion was possible
 }
 
 // runFailover runs the load on d, fails its primary, and checks and logs
@@ -111,7 +116,7 @@ func runFailover(t *testing.T, d foDeployment, ack bool) {
 	l.releaseHolds(t, holds)
 
 	r.firstLock = l.checkCalls(t, r.fault.Add(d.quiet()))
-	t.Logf("failover: %s: promoted %v after the fault, first Lock %v after the fault; holds across it: %d of %d kept (renewed on the new primary), the others reported lost",
+	t.Logf("failover: %s: promoted %v after the fault, first Lock %v after the fault; holds across it: %d of %d kept (renewed on the new primary), the rest reported lost",
 		t.Name(), r.promoted.Sub(r.fault).Round(time.Millisecond), r.firstLock.Sub(r.fault).Round(time.Millisecond), kept, len(holds))
 	l.checkRegisters(t, r, ack)
 }
