@@ -107,6 +107,9 @@ func runFailover(t *testing.T, d foDeployment, ack bool) {
 	r.fault = time.Now()
 	d.fail(t)
 	r.promoted = d.awaitPromotion(t)
+	// Before the fault ends (a paused primary still paused, a dead master
+	// not back yet), the waiter listens on the new primary.
+	l.awaitListening(t, holds[0].m.Name(), "on the new primary")
 	r.settled = d.settle(t)
 	kept := l.checkHolds(t, holds, r.promoted, d.primary(t))
 	l.lockFresh(t)
@@ -471,7 +474,7 @@ func (l *foLoad) awaitListening(t *testing.T, name, when string) {
 func (l *foLoad) checkPush(t *testing.T, d foDeployment, p *foProbe, h *foHold) {
 	t.Helper()
 	name := h.m.Name()
-	l.awaitListening(t, name, "on the new primary")
+	l.awaitListening(t, name, "on the new primary once the failover settled")
 	heard := d.observe(t, p.channel)
 	lost := isClosed(h.lost)
 	_ = h.unlock(t) // releaseHolds checks the outcome
