@@ -344,6 +344,7 @@ func (n *node) eval(ctx context.Context, s *lockSpec, sc *luaScript, args ...int
 	n.send(ctx, n.rdb, []*call{cl}, false, false)
 	v, err := cl.cmd.Result()
 	if err != nil {
+		n.reloadAfter(err)
 		return nil, scriptError(err)
 	}
 	return v, nil
@@ -384,6 +385,7 @@ func (n *node) ackedAcquire(ctx context.Context, s *lockSpec, owner interface{},
 	acks := n.send(ctx, t, []*call{cl}, true, true)
 	v, err := cl.cmd.Result()
 	if err != nil {
+		n.reloadAfter(err)
 		return reply{}, scriptError(err)
 	}
 	r, err := parseReply(v)
@@ -555,6 +557,7 @@ func (n *node) collect(b renewBatch, acks *redis.IntCmd, res []int64) {
 		err = n.ackErr(acks)
 	}
 	if err != nil {
+		n.reloadAfter(err)
 		if !errors.Is(err, context.Canceled) {
 			n.log.Warn("remutex: renewal failed", "locks", len(b.idx), "err", err)
 		}

@@ -50,6 +50,7 @@ type psConn struct {
 	sharded bool
 	ops     []subOp       // guarded by subscriber.mu: for the writer, in order
 	kick    chan struct{} // capacity 1: ops has work
+	retired chan struct{} // closed when the connection is given up (see retire)
 }
 
 // subOp is a subscription (sub) or unsubscription for a connection's writer.
@@ -148,6 +149,8 @@ func (s *subscriber) write(conn *psConn) {
 		case <-conn.kick:
 		case <-s.c.closing:
 			return
+		case <-conn.retired:
+			return
 		}
 		s.mu.Lock()
 		ops := conn.ops
@@ -193,7 +196,7 @@ func (s *subscriber) connLocked(channel string) (*psConn, error) {
 	if conn := s.conns[addr]; conn != nil {
 		return conn, nil
 	}
-	conn := &psConn{addr: addr, sharded: sharded, kick: make(chan struct{}, 1)}
+	conn := &psConn{addr: addr, sharded: sharded, kick: make(chan struct{}, 1), retired: make(chan struct{})}
 	if sharded {
 		conn.ps = node.SSubscribe(ctx) // without channels: no I/O yet
 	} else {
@@ -250,15 +253,22 @@ func (s *subscriber) isClosed() bool {
 func (s *subscriber) run(conn *psConn) {
 	defer s.readers.Done()
 	var bo backoff
+	var live liveness
 	for {
 		msg, err := conn.ps.ReceiveTimeout(context.Background(), s.sweep(conn))
 		if err != nil {
-			if s.isClosed() {
+			if s.isClosed() || isClosed(conn.retired) {
 				return
 			}
 			var nerr net.Error
 			if errors.As(err, &nerr) && nerr.Timeout() {
-				continue // the sweep's tick, or a quiet connection
+				// The sweep's tick, or a quiet connection: is the server
+				// still there?
+				if live.silent(conn) {
+					s.retire(conn)
+					return
+				}
+				continue
 			}
 			if redis.HasErrorPrefix(err, "NOPERM") {
 				s.deny(err)
@@ -270,7 +280,11 @@ func (s *subscriber) run(conn *psConn) {
 			}
 			// The connection broke; go-redis reconnects and subscribes again
 			// on the next receive. Messages may have been missed meanwhile:
-			// every waiter looks again.
+			// every waiter looks again. A shard channel whose master died
+			// and was failed over follows its slot to the new master.
+			if conn.sharded {
+				s.rehome(conn)
+			}
 			s.c.wakeAll()
 			t := time.NewTimer(bo.next())
 			select {
@@ -281,6 +295,7 @@ func (s *subscriber) run(conn *psConn) {
 			continue
 		}
 		bo = backoff{}
+		live = liveness{}
 		switch m := msg.(type) {
 		case *redis.Subscription:
 			switch m.Kind {
@@ -293,6 +308,64 @@ func (s *subscriber) run(conn *psConn) {
 			s.c.dispatch(m.Channel, m.Payload)
 		}
 	}
+}
+
+// A server that stops answering without closing the connection (paused,
+// partitioned, a host frozen) would keep a Client's subscriptions, and its
+// waiters would hear nothing while a replica promoted in its place hands the
+// lock on. So a connection with channels that has been quiet for pingAfter
+// is pinged, and one that does not answer within pongWithin is given up:
+// its channels are subscribed again on a new connection, which the redis
+// client opens to wherever the lock's server is now.
+const (
+	pingAfter  = time.Second
+	pongWithin = 2 * time.Second
+)
+
+// liveness is a reader's view of its connection: quiet since, pinged at.
+type liveness struct{ quiet, pinged time.Time }
+
+// silent is called when a receive timed out: it pings a connection quiet
+// for pingAfter and reports whether a ping went unanswered for pongWithin.
+func (l *liveness) silent(conn *psConn) bool {
+	now := time.Now()
+	switch {
+	case l.quiet.IsZero():
+		l.quiet = now
+	case l.pinged.IsZero() && now.Sub(l.quiet) >= pingAfter:
+		l.pinged = now
+		_ = conn.ps.Ping(context.Background())
+	case !l.pinged.IsZero() && now.Sub(l.pinged) >= pongWithin:
+		return true
+	}
+	return false
+}
+
+// retire gives conn up: its channels are subscribed again on a new
+// connection (see connLocked), its writer stops, and every waiter looks
+// again, since releases may have been missed.
+func (s *subscriber) retire(conn *psConn) {
+	if cc, ok := s.n.rdb.(*redis.ClusterClient); ok {
+		cc.ReloadState(context.Background())
+	}
+	s.mu.Lock()
+	close(conn.retired)
+	if s.conns[conn.addr] == conn {
+		delete(s.conns, conn.addr)
+	}
+	for ch, e := range s.chans {
+		if e.conn == conn && !s.closed {
+			if e.confirmed {
+				e.ready = make(chan struct{})
+			}
+			e.conn, e.confirmed = nil, false
+			s.subscribeLocked(ch, e)
+		}
+	}
+	s.mu.Unlock()
+	s.c.log.Warn("remutex: pub/sub connection did not answer a ping; subscribing again on a new one", "addr", conn.addr)
+	_ = conn.ps.Close()
+	s.c.wakeAll()
 }
 
 // sweep unsubscribes the connection's channels that lingered out and returns
@@ -349,9 +422,38 @@ func (s *subscriber) moved(conn *psConn, channel string) {
 	s.follow(conn, []string{channel})
 }
 
+// rehome moves the channels of conn, whose connection broke, to the master
+// that serves their slot now, if that is another one: a master that died
+// sends no SUNSUBSCRIBE, and its replica, promoted, does not know of the
+// subscriptions. It asks the cluster client to reload its view of the
+// slots, and is called again on every failed reconnection until the view
+// names the new master.
+func (s *subscriber) rehome(conn *psConn) {
+	cc, ok := s.n.rdb.(*redis.ClusterClient)
+	if !ok {
+		return
+	}
+	cc.ReloadState(context.Background())
+	s.mu.Lock()
+	var chans []string
+	for ch, e := range s.chans {
+		if e.conn != conn {
+			continue
+		}
+		if node, err := cc.MasterForKey(context.Background(), ch); err == nil && node.Options().Addr != conn.addr {
+			s.detachLocked(conn, ch, e)
+			chans = append(chans, ch)
+		}
+	}
+	s.mu.Unlock()
+	s.follow(conn, chans)
+}
+
 // redirected handles a MOVED reply to a subscription sent on conn: the
-// cluster client's view of the slots was out of date. The channels of that
-// slot that conn did not confirm are subscribed again where the slot lives.
+// cluster client's view of the slots was out of date, or conn's node, a
+// master that died and came back as a replica, was subscribed again by
+// go-redis when it reconnected. The channels of that slot on conn, confirmed
+// or not, are subscribed again where the slot lives.
 func (s *subscriber) redirected(conn *psConn, err error) {
 	f := strings.Fields(err.Error()) // MOVED <slot> <addr>
 	if len(f) != 3 {
@@ -364,7 +466,7 @@ func (s *subscriber) redirected(conn *psConn, err error) {
 	var chans []string
 	s.mu.Lock()
 	for ch, e := range s.chans {
-		if e.conn == conn && !e.confirmed && keySlot(ch) == slot {
+		if e.conn == conn && keySlot(ch) == slot {
 			s.detachLocked(conn, ch, e)
 			chans = append(chans, ch)
 		}

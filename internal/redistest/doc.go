@@ -5,7 +5,10 @@
 //   - redis-server processes on free loopback ports ([Start], [Launch],
 //     [Shared]), which can be restarted, paused (SIGSTOP) and killed, and the
 //     deployments built from them ([StartCluster], [StartReplicaPair],
-//     [StartServers]);
+//     [StartServers], and [StartSentinel]: a primary, two replicas and three
+//     sentinels), with the faults of a failover (a master killed or paused,
+//     its promotion awaited: [Sentinel.AwaitSwitch],
+//     [Cluster.AwaitPromotion]);
 //   - a TCP [Proxy] that holds, drops, delays or cuts traffic;
 //   - child processes that are the test binary re-executed in a role
 //     ([StartChild], [ChildRole], [Emit]);

@@ -276,3 +276,38 @@ func TestReplicaPair(t *testing.T) {
 		t.Errorf("GET k on the replica: got (%q, %v), want (\"1\", nil)", got, err)
 	}
 }
+
+// TestSentinel pauses the primary past the sentinels' patience: they
+// promote a replica and announce it, a failover client reaches the new
+// primary (with the data), and the old primary, resumed, is made a replica
+// of the new one.
+func TestSentinel(t *testing.T) {
+	s := StartSentinel(t)
+	rdb := s.Client(t, redis.FailoverOptions{})
+	if err := rdb.Set(ctx(t), "k", "1", 0).Err(); err != nil {
+		t.Fatalf("SET through the failover client: got %v, want nil", err)
+	}
+	old := s.Primary(t)
+	if old != s.Servers[0] {
+		t.Fatalf("primary: got %v, want the first server %v", old.Addr(), s.Servers[0].Addr())
+	}
+	if n, err := newRDB(t, old.Addr()).Wait(ctx(t), 2, hangGuard).Result(); err != nil || n != 2 {
+		t.Fatalf("WAIT 2: got (%d, %v), want (2, nil)", n, err)
+	}
+	old.Signal(t, syscall.SIGSTOP)
+	promoted, _ := s.AwaitSwitch(t, old)
+	if promoted == old {
+		t.Fatalf("+switch-master named the paused primary")
+	}
+	if got := s.Primary(t); got != promoted {
+		t.Errorf("primary after the switch: got %v, want %v", got.Addr(), promoted.Addr())
+	}
+	if got, err := rdb.Get(ctx(t), "k").Result(); err != nil || got != "1" {
+		t.Errorf("GET k through the failover client after the switch: got (%q, %v), want (\"1\", nil)", got, err)
+	}
+	old.Signal(t, syscall.SIGCONT)
+	s.AwaitConverted(t, old, promoted)
+	if got, err := rdb.Get(ctx(t), "k").Result(); err != nil || got != "1" {
+		t.Errorf("GET k through the failover client after the old primary returned: got (%q, %v), want (\"1\", nil)", got, err)
+	}
+}

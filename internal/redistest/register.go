@@ -149,6 +149,13 @@ func (r *Register) Enter(who string, fence int64) (exit func()) {
 	}
 }
 
+// EnterErrors returns the errors of Enter's calls so far.
+func (r *Register) EnterErrors() []error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]error(nil), r.errs...)
+}
+
 func (r *Register) fail(err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -202,16 +209,40 @@ func parseWrite(l string) (Write, error) {
 	return w, errors.Join(e1, e2, e3)
 }
 
-// Check fails the test if accepted writes overlap in time, if their fences
-// go back, or if two writers (holds) share a fence; it returns the accepted
-// and the stale (refused) writes.
-func (r *Register) Check(t testing.TB) (accepted, stale []Write) {
+// Anomaly is a pair of accepted writes that a lock with fencing should
+// have kept apart, or a write the register refused.
+type Anomaly struct {
+	Kind AnomalyKind
+	A, B Write // B is the later write; a refused write is B alone
+}
+
+// AnomalyKind says what is wrong.
+type AnomalyKind string
+
+const (
+	Overlap     AnomalyKind = "overlapping writes"          // accepted writes of two holds overlap in time
+	SharedFence AnomalyKind = "two holders share a fence"   // two holds got one token
+	FenceBack   AnomalyKind = "fence went back"             // a later accepted write has a lower token
+	Refused     AnomalyKind = "refused write (stale fence)" // its fence was below one seen before
+)
+
+func (a Anomaly) String() string {
+	if a.Kind == Refused {
+		return fmt.Sprintf("%s: %v", a.Kind, a.B)
+	}
+	return fmt.Sprintf("%s: %v and %v", a.Kind, a.A, a.B)
+}
+
+// Anomalies returns the accepted writes, in the order they began, and
+// everything wrong with the log, without failing the test: for tests that
+// record what a deployment does rather than assert that nothing happens.
+func (r *Register) Anomalies(t testing.TB) (accepted []Write, found []Anomaly) {
 	t.Helper()
 	for _, w := range r.Log(t) {
 		if w.OK {
 			accepted = append(accepted, w)
 		} else {
-			stale = append(stale, w)
+			found = append(found, Anomaly{Kind: Refused, B: w})
 		}
 	}
 	sort.SliceStable(accepted, func(i, j int) bool { return accepted[i].Start < accepted[j].Start })
@@ -219,12 +250,28 @@ func (r *Register) Check(t testing.TB) (accepted, stale []Write) {
 		a, b := accepted[i-1], accepted[i]
 		switch {
 		case b.Fence < a.Fence:
-			t.Errorf("register: fence went back: %v then %v", a, b)
+			found = append(found, Anomaly{Kind: FenceBack, A: a, B: b})
 		case b.Fence == a.Fence && b.Writer != a.Writer:
-			t.Errorf("register: two holders share a fence: %v and %v", a, b)
+			found = append(found, Anomaly{Kind: SharedFence, A: a, B: b})
 		case b.Writer != a.Writer && b.Start < a.End:
-			t.Errorf("register: overlapping writes: %v and %v", a, b)
+			found = append(found, Anomaly{Kind: Overlap, A: a, B: b})
 		}
+	}
+	return accepted, found
+}
+
+// Check fails the test if accepted writes overlap in time, if their fences
+// go back, or if two writers (holds) share a fence; it returns the accepted
+// and the stale (refused) writes.
+func (r *Register) Check(t testing.TB) (accepted, stale []Write) {
+	t.Helper()
+	accepted, found := r.Anomalies(t)
+	for _, a := range found {
+		if a.Kind == Refused {
+			stale = append(stale, a.B)
+			continue
+		}
+		t.Errorf("register: %v", a)
 	}
 	return accepted, stale
 }
@@ -234,11 +281,9 @@ func (r *Register) Check(t testing.TB) (accepted, stale []Write) {
 // fewer than want were accepted.
 func (r *Register) CheckSections(t testing.TB, want int) {
 	t.Helper()
-	r.mu.Lock()
-	for _, err := range r.errs {
+	for _, err := range r.EnterErrors() {
 		t.Error(err)
 	}
-	r.mu.Unlock()
 	accepted, stale := r.Check(t)
 	for _, w := range stale {
 		t.Errorf("register: got a refused section %v (its fence was below one seen before), want none", w)

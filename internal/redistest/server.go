@@ -44,6 +44,7 @@ type Server struct {
 	bin  string
 	port int
 	dir  string
+	conf string      // a configuration file, given first; "" for none
 	args []string    // extra arguments
 	tls  *tls.Config // a client's, for a TLS-only server; nil for plain text
 
@@ -71,21 +72,27 @@ func Start(t testing.TB, extra ...string) *Server {
 // checked to answer.
 func StartTLS(t testing.TB, client *tls.Config, extra ...string) *Server {
 	t.Helper()
-	bin := Require(t, "redis-server")
-	dir := t.TempDir()
+	s := &Server{bin: Require(t, "redis-server"), dir: t.TempDir(), args: extra, tls: client}
+	if err := s.startOnFreePort(); err != nil {
+		t.Fatalf("starting a TLS redis-server: %v", err)
+	}
+	t.Cleanup(s.Stop)
+	return s
+}
+
+// startOnFreePort starts s on a free port, trying up to five: a port found
+// free may be taken before the server binds it.
+func (s *Server) startOnFreePort() error {
 	var err error
 	for try := 0; try < 5; try++ {
-		s := &Server{bin: bin, dir: dir, args: extra, tls: client}
 		if s.port, err = FreePort(); err != nil {
 			continue
 		}
 		if err = s.start(); err == nil {
-			t.Cleanup(s.Stop)
-			return s
+			return nil
 		}
 	}
-	t.Fatalf("starting a TLS redis-server: %v", err)
-	return nil
+	return err
 }
 
 // Launch starts a redis-server like Start, in dir, for a caller that is not
@@ -143,6 +150,9 @@ func (s *Server) start() error {
 		ports = []string{"--port", "0", "--tls-port", strconv.Itoa(s.port)}
 	}
 	args := append(ports, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", s.dir)
+	if s.conf != "" {
+		args = append([]string{s.conf}, args...)
+	}
 	cmd := exec.Command(s.bin, append(args, s.args...)...)
 	DieWithParent(cmd)
 	out := &Buffer{}

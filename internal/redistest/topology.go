@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -77,19 +78,34 @@ func StartReplicaPair(t testing.TB, proxied bool) *ReplicaPair {
 	}
 	host, port, _ := strings.Cut(target, ":")
 	p.Replica = Start(t, "--replicaof", host, port)
+	awaitInSync(t, p.Primary, []*Server{p.Replica})
+	return p
+}
+
+// awaitInSync waits until every one of replicas is in sync with primary and
+// acknowledges its writes.
+func awaitInSync(t testing.TB, primary *Server, replicas []*Server) {
+	t.Helper()
 	ctx := adminCtx(t)
-	prdb, rrdb := newRDB(t, p.Primary.Addr()), newRDB(t, p.Replica.Addr())
-	WaitFor(t, hangGuard, "the replica in sync with the primary and acknowledging", func() bool {
-		r, err1 := rrdb.Info(ctx, "replication").Result()
-		m, err2 := prdb.Info(ctx, "replication").Result()
-		if err1 != nil || err2 != nil || !strings.Contains(r, "master_link_status:up") ||
-			!strings.Contains(m, "connected_slaves:1") || !strings.Contains(m, "state=online") {
+	prdb := newRDB(t, primary.Addr())
+	var rrdbs []*redis.Client
+	for _, r := range replicas {
+		rrdbs = append(rrdbs, newRDB(t, r.Addr()))
+	}
+	n := len(replicas)
+	WaitFor(t, hangGuard, fmt.Sprintf("%d replicas in sync with the primary and acknowledging", n), func() bool {
+		for _, rrdb := range rrdbs {
+			if r, err := rrdb.Info(ctx, "replication").Result(); err != nil || !strings.Contains(r, "master_link_status:up") {
+				return false
+			}
+		}
+		m, err := prdb.Info(ctx, "replication").Result()
+		if err != nil || !strings.Contains(m, fmt.Sprintf("connected_slaves:%d", n)) || strings.Count(m, "state=online") != n {
 			return false
 		}
-		acks, err := prdb.Wait(ctx, 1, 100*time.Millisecond).Result()
-		return err == nil && acks == 1
+		acks, err := prdb.Wait(ctx, n, 100*time.Millisecond).Result()
+		return err == nil && acks == int64(n)
 	})
-	return p
 }
 
 // Node is one redis-server of a Cluster.
@@ -110,12 +126,14 @@ type Cluster struct {
 // StartCluster starts masters masters (at least 3) with replicasPer
 // replicas each, joins them with redis-cli --cluster create, and waits until
 // every node reports cluster_state:ok, knows every other node, and every
-// replica is in sync. The servers are stopped at the end of the test.
-func StartCluster(t testing.TB, masters, replicasPer int) *Cluster {
+// replica is in sync. extra are arguments of every server, after the
+// harness's own (e.g. "--cluster-node-timeout", "1000": 5000 unless given).
+// The servers are stopped at the end of the test.
+func StartCluster(t testing.TB, masters, replicasPer int, extra ...string) *Cluster {
 	t.Helper()
 	bin := Require(t, "redis-server")
 	cli := Require(t, "redis-cli")
-	nodes := launchNodes(t, bin, masters*(1+replicasPer))
+	nodes := launchNodes(t, bin, masters*(1+replicasPer), extra)
 	ctx := adminCtx(t)
 	args := []string{"--cluster", "create"}
 	for _, n := range nodes {
@@ -151,7 +169,7 @@ func StartCluster(t testing.TB, masters, replicasPer int) *Cluster {
 
 // launchNodes starts n cluster-enabled servers at once, stopped at the end
 // of the test.
-func launchNodes(t testing.TB, bin string, n int) []*Node {
+func launchNodes(t testing.TB, bin string, n int, extra []string) []*Node {
 	t.Helper()
 	nodes := make([]*Node, n)
 	errs := make(chan error, n)
@@ -161,7 +179,7 @@ func launchNodes(t testing.TB, bin string, n int) []*Node {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			srv, err := launchClusterNode(bin, dir)
+			srv, err := launchClusterNode(bin, dir, extra)
 			if err != nil {
 				errs <- err
 				return
@@ -183,10 +201,10 @@ func launchNodes(t testing.TB, bin string, n int) []*Node {
 	return nodes
 }
 
-// launchClusterNode starts a cluster-enabled redis-server in dir. The
-// cluster bus gets a free port of its own: the default, the client port +
-// 10000, may be taken or out of range.
-func launchClusterNode(bin, dir string) (*Server, error) {
+// launchClusterNode starts a cluster-enabled redis-server in dir, with
+// extra arguments after its own. The cluster bus gets a free port of its
+// own: the default, the client port + 10000, may be taken or out of range.
+func launchClusterNode(bin, dir string, extra []string) (*Server, error) {
 	var err error
 	for try := 0; try < 3; try++ {
 		var bus int
@@ -197,11 +215,11 @@ func launchClusterNode(bin, dir string) (*Server, error) {
 		if derr != nil {
 			return nil, derr
 		}
-		var srv *Server
-		srv, err = Launch(bin, sub,
-			"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+		args := []string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
 			"--cluster-port", strconv.Itoa(bus), "--cluster-node-timeout", "5000",
-			"--repl-diskless-sync-delay", "0")
+			"--repl-diskless-sync-delay", "0"}
+		var srv *Server
+		srv, err = Launch(bin, sub, append(args, extra...)...)
 		if err == nil {
 			return srv, nil
 		}
@@ -404,4 +422,58 @@ func (n *Node) serves(ctx context.Context, slot int, master *Node) bool {
 		}
 	}
 	return false
+}
+
+// KillMaster kills master (SIGKILL) and returns its replica, which the
+// cluster will promote (see AwaitPromotion).
+func (c *Cluster) KillMaster(t testing.TB, master *Node) *Node {
+	t.Helper()
+	r := c.ReplicaOf(t, master)
+	master.Stop()
+	return r
+}
+
+// AwaitPromotion waits until replica, whose master was killed, is a master
+// that every live node says serves slot, and every live node reports
+// cluster_state:ok again. Masters and Replicas are updated: replica takes
+// its dead master's place. The cluster's failover starts once the master was
+// unreachable for the cluster-node-timeout.
+func (c *Cluster) AwaitPromotion(t testing.TB, slot int, replica *Node) {
+	t.Helper()
+	ctx := adminCtx(t)
+	dead := replica.Master
+	var live []*Node
+	for _, n := range append(append([]*Node(nil), c.Masters...), c.Replicas...) {
+		if n != dead {
+			live = append(live, n)
+		}
+	}
+	WaitFor(t, hangGuard, fmt.Sprintf("%v promoted to serve slot %d on every node", replica, slot), func() bool {
+		for _, n := range live {
+			info, err := n.RDB.ClusterInfo(ctx).Result()
+			if err != nil || !strings.Contains(info, "cluster_state:ok") || !n.serves(ctx, slot, replica) {
+				return false
+			}
+		}
+		return true
+	})
+	for i, m := range c.Masters {
+		if m == dead {
+			c.Masters[i] = replica
+		}
+	}
+	c.Replicas = slices.DeleteFunc(c.Replicas, func(n *Node) bool { return n == replica })
+	replica.Master = nil
+}
+
+// Rejoin restarts node, a master that was killed and failed over, with its
+// cluster configuration (as a supervisor restarts a crashed server): it
+// comes back as a replica of master, the node that replaced it. Rejoin waits
+// until master has it in sync and acknowledging.
+func (c *Cluster) Rejoin(t testing.TB, node, master *Node) {
+	t.Helper()
+	node.Restart(t)
+	awaitInSync(t, master.Server, []*Server{node.Server})
+	node.Master = master
+	c.Replicas = append(c.Replicas, node)
 }

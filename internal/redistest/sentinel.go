@@ -1,0 +1,258 @@
+package redistest
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Sentinel timing: a sentinel holds a primary down after DownAfter without a
+// valid reply; two of the three must agree, and then one of them, elected
+// by the others, promotes the most up-to-date replica. A failed election is
+// tried again after twice sentinelFailoverTimeout. With these a failover
+// completes within a few seconds on loopback.
+const (
+	// SentinelMaster is the name under which the sentinels watch the primary.
+	SentinelMaster          = "remutex"
+	DownAfter               = 500 * time.Millisecond
+	sentinelQuorum          = 2
+	sentinelFailoverTimeout = 2 * time.Second
+)
+
+// Sentinel is a primary with two replicas, watched by three Redis Sentinels
+// (redis-server --sentinel), all on 127.0.0.1. Clients reach the primary
+// through go-redis's failover client (Client). The primary can be killed
+// (Stop) or paused (Signal SIGSTOP) and the promotion awaited (AwaitSwitch):
+// the sentinels announce it, and every other step of a failover, on their
+// pub/sub channels, which the harness reads from all three (a sentinel
+// announces what it did itself, such as reconfiguring a server).
+type Sentinel struct {
+	Servers   []*Server // the data servers: Servers[0] is the first primary
+	Sentinels []*Server
+	events    *sentinelEvents
+}
+
+// StartSentinel starts the primary and its two replicas, waits until both
+// replicas are in sync, starts three sentinels and waits until each one
+// knows both replicas and the two other sentinels. Everything is stopped at
+// the end of the test.
+func StartSentinel(t testing.TB) *Sentinel {
+	t.Helper()
+	bin := Require(t, "redis-server")
+	// No delay before a diskless sync: after a failover the promoted replica
+	// serves the others (and a stale primary) at once.
+	noDelay := []string{"--repl-diskless-sync-delay", "0"}
+	primary := Start(t, noDelay...)
+	s := &Sentinel{Servers: []*Server{primary}}
+	for i := 0; i < 2; i++ {
+		s.Servers = append(s.Servers, Start(t, append(noDelay, "--replicaof", "127.0.0.1", strconv.Itoa(primary.Port()))...))
+	}
+	awaitInSync(t, primary, s.Servers[1:])
+	for i := 0; i < 3; i++ {
+		s.Sentinels = append(s.Sentinels, startSentinel(t, bin, primary))
+	}
+	s.awaitWatching(t)
+	s.events = &sentinelEvents{kick: make(chan struct{}, 1)}
+	for _, sn := range s.Sentinels {
+		s.events.watch(t, sn)
+	}
+	return s
+}
+
+// startSentinel starts a sentinel watching primary, stopped at the end of
+// the test.
+func startSentinel(t testing.TB, bin string, primary *Server) *Server {
+	t.Helper()
+	dir := t.TempDir()
+	conf := filepath.Join(dir, "sentinel.conf") // the sentinel rewrites it
+	text := fmt.Sprintf("sentinel monitor %[1]s 127.0.0.1 %[2]d %[3]d\n"+
+		"sentinel down-after-milliseconds %[1]s %[4]d\n"+
+		"sentinel failover-timeout %[1]s %[5]d\n",
+		SentinelMaster, primary.Port(), sentinelQuorum, DownAfter.Milliseconds(), sentinelFailoverTimeout.Milliseconds())
+	if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s := &Server{bin: bin, dir: dir, conf: conf, args: []string{"--sentinel"}}
+	if err := s.startOnFreePort(); err != nil {
+		t.Fatalf("starting a sentinel: %v", err)
+	}
+	t.Cleanup(s.Stop)
+	return s
+}
+
+// awaitWatching waits until every sentinel sees the primary up, both
+// replicas and the two other sentinels: only then can they agree on a
+// failover.
+func (s *Sentinel) awaitWatching(t testing.TB) {
+	t.Helper()
+	ctx := adminCtx(t)
+	for _, sn := range s.Sentinels {
+		sc := redis.NewSentinelClient(&redis.Options{Addr: sn.Addr()})
+		t.Cleanup(func() { _ = sc.Close() })
+		WaitFor(t, hangGuard, "sentinel "+sn.Addr()+" watching 2 replicas with 2 other sentinels", func() bool {
+			m, err := sc.Master(ctx, SentinelMaster).Result()
+			return err == nil && m["flags"] == "master" && m["num-slaves"] == "2" && m["num-other-sentinels"] == "2"
+		})
+	}
+}
+
+// Client returns a go-redis failover client (the master name and the
+// sentinels' addresses filled in over opt), closed at the end of the test.
+func (s *Sentinel) Client(t testing.TB, opt redis.FailoverOptions) *redis.Client {
+	t.Helper()
+	opt.MasterName = SentinelMaster
+	opt.SentinelAddrs = nil
+	for _, sn := range s.Sentinels {
+		opt.SentinelAddrs = append(opt.SentinelAddrs, sn.Addr())
+	}
+	rdb := redis.NewFailoverClient(&opt)
+	t.Cleanup(func() { _ = rdb.Close() })
+	return rdb
+}
+
+// Primary returns the data server the first sentinel names as the primary.
+func (s *Sentinel) Primary(t testing.TB) *Server {
+	t.Helper()
+	sc := redis.NewSentinelClient(&redis.Options{Addr: s.Sentinels[0].Addr()})
+	defer sc.Close()
+	addr, err := sc.GetMasterAddrByName(adminCtx(t), SentinelMaster).Result()
+	if err != nil || len(addr) != 2 {
+		t.Fatalf("SENTINEL GET-MASTER-ADDR-BY-NAME on %v: got %q, %v", s.Sentinels[0].Addr(), addr, err)
+	}
+	return s.server(t, addr[1])
+}
+
+// server returns the data server listening on port.
+func (s *Sentinel) server(t testing.TB, port string) *Server {
+	t.Helper()
+	for _, srv := range s.Servers {
+		if strconv.Itoa(srv.Port()) == port {
+			return srv
+		}
+	}
+	t.Fatalf("no data server on port %s", port)
+	return nil
+}
+
+// AwaitSwitch waits until the sentinels announce (+switch-master) that the
+// primary moved away from old, and returns the new primary and when the
+// announcement was read.
+func (s *Sentinel) AwaitSwitch(t testing.TB, old *Server) (*Server, time.Time) {
+	t.Helper()
+	e := s.Await(t, "+switch-master", fmt.Sprintf("%s 127.0.0.1 %d ", SentinelMaster, old.Port()))
+	f := strings.Fields(e.Payload) // <name> <old ip> <old port> <new ip> <new port>
+	if len(f) != 5 {
+		t.Fatalf("+switch-master %q: want 5 fields", e.Payload)
+	}
+	return s.server(t, f[4]), e.At
+}
+
+// AwaitConverted waits until the sentinels told srv, a primary that came
+// back after a failover, to replicate primary (+convert-to-slave; sentinels
+// wait some 8s before they do), and until srv says it does. It returns when
+// the sentinel's announcement was read.
+func (s *Sentinel) AwaitConverted(t testing.TB, srv, primary *Server) time.Time {
+	t.Helper()
+	e := s.Await(t, "+convert-to-slave", fmt.Sprintf(" 127.0.0.1 %d @ ", srv.Port()))
+	rdb := newRDB(t, srv.Addr())
+	ctx := adminCtx(t)
+	WaitFor(t, hangGuard, srv.Addr()+" replicating "+primary.Addr(), func() bool {
+		info, err := rdb.Info(ctx, "replication").Result()
+		return err == nil && strings.Contains(info, "role:slave") &&
+			strings.Contains(info, fmt.Sprintf("master_port:%d\r", primary.Port()))
+	})
+	return e.At
+}
+
+// SentinelEvent is one message a sentinel published: the channel is the
+// event (+sdown, +odown, +switch-master, ...), the payload its details.
+type SentinelEvent struct {
+	Channel, Payload string
+	At               time.Time // when the harness read it
+}
+
+// Await waits for the first event on channel whose payload contains part,
+// and takes it, so that a later Await finds a later one. It fails the test
+// after hangGuard.
+func (s *Sentinel) Await(t testing.TB, channel, part string) SentinelEvent {
+	t.Helper()
+	deadline := time.NewTimer(hangGuard)
+	defer deadline.Stop()
+	for {
+		if e, ok := s.events.take(channel, part); ok {
+			return e
+		}
+		select {
+		case <-s.events.kick:
+		case <-deadline.C:
+			t.Fatalf("no sentinel event %s %q within %v; events so far:\n%s", channel, part, hangGuard, s.events)
+		}
+	}
+}
+
+// sentinelEvents collects what the sentinels publish, from a goroutine per
+// sentinel that the end of the test stops and joins.
+type sentinelEvents struct {
+	mu     sync.Mutex
+	events []SentinelEvent
+	all    []string // every event, for failure messages
+	kick   chan struct{}
+}
+
+// watch subscribes to every channel of sentinel sn and collects its events
+// from the moment it returns.
+func (ev *sentinelEvents) watch(t testing.TB, sn *Server) {
+	t.Helper()
+	rdb := newRDB(t, sn.Addr())
+	ps := rdb.PSubscribe(adminCtx(t), "*")
+	if _, err := ps.Receive(adminCtx(t)); err != nil { // the confirmation
+		t.Fatalf("PSUBSCRIBE * on sentinel %v: %v", sn.Addr(), err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for msg := range ps.Channel(redis.WithChannelSize(1000)) {
+			ev.add(SentinelEvent{Channel: msg.Channel, Payload: msg.Payload, At: time.Now()})
+		}
+	}()
+	t.Cleanup(func() {
+		_ = ps.Close()
+		<-done
+	})
+}
+
+func (ev *sentinelEvents) add(e SentinelEvent) {
+	ev.mu.Lock()
+	ev.events = append(ev.events, e)
+	ev.all = append(ev.all, e.At.Format("15:04:05.000")+" "+e.Channel+" "+e.Payload)
+	ev.mu.Unlock()
+	select {
+	case ev.kick <- struct{}{}:
+	default:
+	}
+}
+
+func (ev *sentinelEvents) take(channel, part string) (SentinelEvent, bool) {
+	ev.mu.Lock()
+	defer ev.mu.Unlock()
+	for i, e := range ev.events {
+		if e.Channel == channel && strings.Contains(e.Payload, part) {
+			ev.events = append(ev.events[:i], ev.events[i+1:]...)
+			return e, true
+		}
+	}
+	return SentinelEvent{}, false
+}
+
+func (ev *sentinelEvents) String() string {
+	ev.mu.Lock()
+	defer ev.mu.Unlock()
+	return strings.Join(ev.all, "\n")
+}
