@@ -226,12 +226,9 @@ func (l *foLoad) start() {
 
 // hammer locks m over and over until stop, entering the register while it
 // holds it. The writer's name carries the time LockContext returned, so
-// that the register's anomalies can be placed before or after the failover,
-// and a "!" if the goroutine's previous UnlockContext failed (see
-// takesOver).
+// that the register's anomalies can be placed before or after the failover.
 func (l *foLoad) hammer(who string, lock int, m *DistMutex) {
 	defer l.wg.Done()
-	failed := "" // "!" after an UnlockContext that failed
 	for {
 		select {
 		case <-l.stop:
@@ -249,10 +246,8 @@ func (l *foLoad) hammer(who string, lock int, m *DistMutex) {
 			continue
 		}
 		l.began(lock, call.end)
-		l.regs[lock].Enter(who+"@"+strconv.FormatInt(call.end.UnixMicro(), 10)+failed, m.Fence())()
-		failed = ""
+		l.regs[lock].Enter(who+"@"+strconv.FormatInt(call.end.UnixMicro(), 10), m.Fence())()
 		if err := m.UnlockContext(context.Background()); err != nil {
-			failed = "!"
 			l.mu.Lock()
 			l.unlocks = append(l.unlocks, err)
 			l.mu.Unlock()
@@ -530,7 +525,7 @@ func (l *foLoad) checkCalls(t *testing.T, after time.Time) (first time.Time) {
 // acquired once the failover settled, and the rest is logged.
 func (l *foLoad) checkRegisters(t *testing.T, r foResult, ack bool) {
 	t.Helper()
-	sections, takeovers := 0, 0
+	sections := 0
 	across := map[redistest.AnomalyKind]int{}
 	for _, reg := range l.regs {
 		for _, err := range reg.EnterErrors() {
@@ -540,9 +535,6 @@ func (l *foLoad) checkRegisters(t *testing.T, r foResult, ack bool) {
 		sections += len(accepted)
 		for _, a := range found {
 			switch {
-			case takesOver(t, a):
-				takeovers++
-				t.Logf("register, a leftover hold taken over: %v", a)
 			case ack:
 				t.Errorf("register, with replica acknowledgement: %v", a)
 			case l.crossesFailover(t, a, r):
@@ -551,23 +543,7 @@ func (l *foLoad) checkRegisters(t *testing.T, r foResult, ack bool) {
 			}
 		}
 	}
-	t.Logf("failover: %s: %d sections; anomalies across the failover: %v; leftover holds taken over by their goroutine: %d",
-		t.Name(), sections, across, takeovers)
-}
-
-// takesOver reports whether a is two sections of one goroutine, one after
-// the other, that share a fence because the first one's UnlockContext
-// failed: its release never reached Redis, the hold stayed there under the
-// goroutine's owner token until its lease would end, and the goroutine's
-// next Lock found it as its own (as it finds the grant of a resent call) and
-// continued it, fence and all. Nobody held the lock in between.
-func takesOver(t *testing.T, a redistest.Anomaly) bool {
-	t.Helper()
-	if a.Kind != redistest.SharedFence {
-		return false
-	}
-	who := func(w redistest.Write) string { s, _, _ := strings.Cut(w.Writer, "@"); return s }
-	return who(a.A) == who(a.B) && strings.Contains(a.B.Writer, "!")
+	t.Logf("failover: %s: %d sections; anomalies across the failover: %v", t.Name(), sections, across)
 }
 
 // crossesFailover reports whether anomaly a is one the deployment allows
@@ -606,7 +582,7 @@ func acquiredAt(t *testing.T, w redistest.Write) time.Time {
 	t.Helper()
 	_, rest, _ := strings.Cut(w.Writer, "@")
 	us, _, _ := strings.Cut(rest, "#")
-	n, err := strconv.ParseInt(strings.TrimSuffix(us, "!"), 10, 64)
+	n, err := strconv.ParseInt(us, 10, 64)
 	if err != nil {
 		t.Fatalf("writer %q: no acquisition time", w.Writer)
 	}

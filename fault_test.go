@@ -1198,3 +1198,47 @@ func TestFaultSoak(t *testing.T) {
 	}
 	t.Logf("%v: %d holds written, %d holders killed, %d processes", duration, reported, kills, len(all))
 }
+
+// TestFaultFenceAfterFailedUnlock: a final Unlock that cannot reach Redis
+// leaves the hold's field there until its lease ends. The same goroutine's
+// next Lock must not continue that hold as if its own call had been resent:
+// its fencing token would repeat. It releases the leftover first, and gets a
+// new token.
+func TestFaultFenceAfterFailedUnlock(t *testing.T) {
+	srv := redistest.Shared(t)
+	p := redistest.NewProxy(t, srv.Addr())
+	c := clientOn(t, newRDB(t, &redis.Options{Addr: p.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1}))
+	t.Cleanup(p.Heal)
+	m := c.NewMutex(lockName(t), WithFencing())
+	g := newFaultGoroutine(t)
+	var first, second int64
+	var unlockErr, lockErr error
+	g.do(t, hangGuard, "Lock", func() {
+		m.Lock()
+		first = m.Fence()
+	})
+	p.SetBlackhole(true)
+	g.do(t, hangGuard, "UnlockContext", func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		defer cancel()
+		unlockErr = m.UnlockContext(ctx)
+	})
+	if unlockErr == nil {
+		t.Fatal("UnlockContext through a blackhole: got nil, want an error")
+	}
+	if n, err := rdbAt(t, srv.Addr()).HLen(context.Background(), keysOf(m.Name()).hash).Result(); err != nil || n != 1 {
+		t.Fatalf("fields of the hash after the failed Unlock: %d (%v), want the hold's, left there", n, err)
+	}
+	p.Heal()
+	g.do(t, hangGuard, "LockContext", func() {
+		lockErr = m.LockContext(testCtx(t, hangGuard))
+		second = m.Fence()
+	})
+	if lockErr != nil {
+		t.Fatalf("LockContext after the failed Unlock: %v", lockErr)
+	}
+	if second <= first {
+		t.Errorf("fencing token of the next hold: %d, want more than the first hold's %d", second, first)
+	}
+	g.do(t, hangGuard, "Unlock", m.Unlock)
+}

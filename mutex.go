@@ -421,7 +421,11 @@ func (m *DistMutex) lock(ctx context.Context, try, plain bool) (bool, error) {
 	}
 	var a attempt
 	m.initAttemptLocked(&a, gid, try)
+	left := c.stateLocked(m).takeLeftoverLocked(a.owner)
 	c.mu.Unlock()
+	if left {
+		m.clearLeftover(ctx, &a)
+	}
 	held, err := a.run(ctx)
 	if try && err != nil && ctx.Err() != nil {
 		m.undoTry(ctx, a.owner)
@@ -544,7 +548,9 @@ func (m *DistMutex) unlock(ctx context.Context, plain bool) error {
 		if want == 0 {
 			// The lock may still be ours on the server (lost by the local
 			// deadline during a partition): free it for the others.
-			rollback(ctx, c.be, &m.spec, h.owner)
+			if err := rollback(ctx, c.be, &m.spec, h.owner); err != nil {
+				m.leftOver(h)
+			}
 		}
 		return m.wrap(lost)
 	}
@@ -611,6 +617,9 @@ func (m *DistMutex) settle(h *hold, want int, res int64, sent time.Time, err err
 	h.ending = false
 	if want == 0 {
 		m.dropHoldLocked(h)
+		if err != nil {
+			m.leftOverLocked(h)
+		}
 	}
 	c.mu.Unlock()
 	c.announce(news)

@@ -442,10 +442,11 @@ func (n *node) acked() bool       { return n.ack.replicas > 0 }
 // rollback releases a hold nobody will use (an acquisition that failed, a
 // grant that came too late, a lost hold's leftover field), best effort and
 // briefly: its lease ends it otherwise.
-func rollback(ctx context.Context, b backend, s *lockSpec, owner interface{}) {
+func rollback(ctx context.Context, b backend, s *lockSpec, owner interface{}) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
 	defer cancel()
-	_, _ = b.release(ctx, s, owner, 0, "0")
+	_, err := b.release(ctx, s, owner, 0, "0")
+	return err
 }
 
 // rollbackTimeout bounds a rollback: past it the lease ends the hold.

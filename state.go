@@ -1,9 +1,11 @@
 package remutex
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"time"
 )
 
@@ -24,9 +26,74 @@ type lockState struct {
 	// lastOwner is the latest reentrant hold, kept so that the goroutine that
 	// held the lock last can take it again without building its owner token.
 	lastOwner *hold
+	// leftovers are holds dropped while their field may still be on the
+	// server (see leftOverLocked).
+	leftovers []leftover
 	// early are messages for queue entries that had no local waiter yet: the
 	// call that queued a waiter may return after its grant was sent.
 	early []early
+}
+
+// leftover is a hold whose final release failed (or, lost, whose rollback
+// failed): its field may stay on the server until its lease ends there.
+type leftover struct {
+	owner interface{}
+	until time.Time
+}
+
+// leftOverLocked records that h was dropped while its field may still be on
+// the server. A later Lock of the same owner token must not take that field
+// for its own acquisition (as it takes the grant of a resent call): it would
+// continue an ended hold, fencing token and all. A quorum's owner tokens
+// are new for every try, so nothing is left over for them.
+func (m *DistMutex) leftOverLocked(h *hold) {
+	if m.c.be.freshOwners() {
+		return
+	}
+	st := m.c.stateLocked(m)
+	st.leftovers = append(st.leftovers, leftover{owner: h.owner, until: time.Now().Add(m.spec.lease)})
+}
+
+func (m *DistMutex) leftOver(h *hold) {
+	m.c.mu.Lock()
+	defer m.c.mu.Unlock()
+	m.leftOverLocked(h)
+}
+
+// takeLeftoverLocked removes and reports a leftover of owner; expired ones
+// go too (the server has dropped their field).
+func (st *lockState) takeLeftoverLocked(owner interface{}) bool {
+	if len(st.leftovers) == 0 {
+		return false
+	}
+	found, now, keep := false, time.Now(), st.leftovers[:0]
+	for _, l := range st.leftovers {
+		switch {
+		case !now.Before(l.until):
+		case l.owner == owner && !found:
+			found = true
+		default:
+			keep = append(keep, l)
+		}
+	}
+	st.leftovers = keep
+	return found
+}
+
+// clearLeftover releases the field an attempt's owner token left on the
+// server before the attempt takes the lock. If that fails too, the attempt
+// uses an owner token of its own, and waits for the field to end.
+func (m *DistMutex) clearLeftover(ctx context.Context, a *attempt) {
+	c := m.c
+	err := rollback(ctx, c.be, &m.spec, a.owner)
+	if err == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	st := c.stateLocked(m)
+	st.leftovers = append(st.leftovers, leftover{owner: a.owner, until: time.Now().Add(m.spec.lease)})
+	a.owner = ownerString(a.owner) + "." + strconv.FormatUint(c.nextSeqLocked(), 10)
 }
 
 // early is a message that came before its waiter was registered.
