@@ -109,7 +109,7 @@ func runFailover(t *testing.T, d foDeployment, ack bool) {
 	r.promoted = d.awaitPromotion(t)
 	// Before the fault ends (a paused primary still paused, a dead master
 	// not back yet), the waiter listens on the new primary.
-	l.awaitListening(t, holds[0].m.Name(), "on the new primary")
+	l.awaitListening(t, holds[0], "on the new primary")
 	r.settled = d.settle(t)
 	kept := l.checkHolds(t, holds, r.promoted, d.primary(t))
 	l.lockFresh(t)
@@ -448,15 +448,21 @@ func (l *foLoad) waitAcross(t *testing.T, h *foHold) *foProbe {
 	c := l.clients[1]
 	m := c.NewMutex(h.m.Name(), WithFencing(), WithLease(foHoldLease))
 	p := &foProbe{lock: lockAsync(t, m, nil, "probe"), channel: m.spec.channel}
-	l.awaitListening(t, h.m.Name(), "before the failover")
+	l.awaitListening(t, h, "before the failover")
 	return p
 }
 
-// awaitListening waits until the lock has one live waiter in Redis and one
-// Client subscribed to its channel on the server that serves it.
-func (l *foLoad) awaitListening(t *testing.T, name, when string) {
+// awaitListening waits until h's lock has one live waiter in Redis and one
+// Client subscribed to its channel on the server that serves it, or h was
+// lost (without replica acknowledgement the new primary may never have had
+// it; the waiter then takes the lock).
+func (l *foLoad) awaitListening(t *testing.T, h *foHold, when string) {
 	t.Helper()
+	name := h.m.Name()
 	waitFor(t, fmt.Sprintf("a waiter of %q queued and subscribed %s", name, when), func() bool {
+		if isClosed(h.lost) {
+			return true
+		}
 		info, err := l.clients[0].Inspect(testCtx(t, hangGuard), name)
 		return err == nil && len(info.Waiters) == 1 && info.Subscribers == 1
 	})
@@ -469,7 +475,7 @@ func (l *foLoad) awaitListening(t *testing.T, name, when string) {
 func (l *foLoad) checkPush(t *testing.T, d foDeployment, p *foProbe, h *foHold) {
 	t.Helper()
 	name := h.m.Name()
-	l.awaitListening(t, name, "on the new primary once the failover settled")
+	l.awaitListening(t, h, "on the new primary once the failover settled")
 	heard := d.observe(t, p.channel)
 	lost := isClosed(h.lost)
 	_ = h.unlock(t) // releaseHolds checks the outcome
