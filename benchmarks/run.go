@@ -18,6 +18,7 @@ type results struct {
 	Nested      *nestedResult
 	Contended   map[string]*contendedResult
 	Held        map[string]*heldResult
+	Scale       map[string]map[string]*scaleResult // by locks in use, then variant
 	Violations  []string
 	Problems    []string // errors of a peer that are not violations
 }
@@ -34,6 +35,7 @@ func run(p plan, vs []variant, want map[string]bool) (*results, error) {
 		Uncontended: map[string]*cycleResult{},
 		Contended:   map[string]*contendedResult{},
 		Held:        map[string]*heldResult{},
+		Scale:       map[string]map[string]*scaleResult{},
 	}
 	for _, v := range vs {
 		res.Variants = append(res.Variants, variantInfo{v.name, v.lib, v.setup, v.remutex})
@@ -73,6 +75,9 @@ func run(p plan, vs []variant, want map[string]bool) (*results, error) {
 	}
 	if want["held"] {
 		res.runHeld(vs, srv)
+	}
+	if want["scale"] {
+		res.runScale(vs, srv)
 	}
 	res.noteStalls(vs)
 	res.Machine.LoadEnd = loadavg()
