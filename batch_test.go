@@ -5,11 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/remutex/remutex/internal/redistest"
 )
 
 // Tests of the coalescing of concurrent script calls (batch.go). A callGate
@@ -250,4 +253,211 @@ func TestBatchCancel(t *testing.T) {
 			t.Errorf("TryLockContext of the cancelled caller's lock from another Client: got (%v, %v), want (true, nil)", ok, err)
 		}
 	})
+}
+
+// tryAll starts TryLockContext on each of ms and returns the results.
+func tryAll(t *testing.T, ms []*DistMutex) []chan tryResult {
+	t.Helper()
+	ctx := testCtx(t, hangGuard)
+	res := make([]chan tryResult, len(ms))
+	for i, m := range ms {
+		res[i] = make(chan tryResult, 1)
+		go func() {
+			ok, err := m.TryLockContext(ctx)
+			res[i] <- tryResult{ok, err}
+		}()
+	}
+	return res
+}
+
+type tryResult struct {
+	ok  bool
+	err error
+}
+
+// TestBatchErrorsPerCall sends, in one pipeline, TryLocks of a free lock, a
+// lock another Client holds and a key of another type, and a release whose
+// script the server no longer has (SCRIPT FLUSH, then only acquire loaded
+// again): each caller gets its own outcome, and only the release is resent
+// with EVAL.
+func TestBatchErrorsPerCall(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *testBackend) {
+		ctx := testCtx(t, hangGuard)
+		name := lockName(t)
+		rdb := b.rdb(t)
+		c := clientOn(t, rdb)
+		a, bm := c.NewMutex(name+"-a"), c.NewMutex(name+"-b")
+		free, busy, bad := c.NewMutex(name+"-free"), c.NewMutex(name+"-busy"), c.NewMutex(name+"-bad")
+		check := b.rdb(t)
+		if err := check.Set(ctx, bad.spec.hash(), "x", 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.client(t).NewMutex(busy.spec.name).LockContext(ctx); err != nil {
+			t.Fatal(err)
+		}
+		held := lockAsync(t, c.NewMutex(name+"-held"), nil, "")
+		if r := await(t, held.locked, "LockContext of the lock to release"); r.err != nil {
+			t.Fatal(r.err)
+		}
+		g := newCallGate(a.spec.hash(), bm.spec.hash())
+		rdb.AddHook(g.hook())
+		ra, rb := stall(t, c, g, a, bm)
+		for _, cmd := range [][]interface{}{{"script", "flush"}, {"script", "load", acquireScript.src}} {
+			if err := check.Do(ctx, cmd...).Err(); err != nil {
+				t.Fatalf("%v: %v", cmd[:2], err)
+			}
+		}
+		res := tryAll(t, []*DistMutex{free, busy, bad})
+		held.unlock()
+		want := append(calls("acquire", free, busy, bad), "release:"+c.NewMutex(name+"-held").spec.hash())
+		slices.Sort(want)
+		waitFor(t, "the calls queued", func() bool { return slices.Equal(queuedCalls(c), want) })
+		close(g.open)
+
+		for _, r := range []<-chan error{ra, rb} {
+			if err := await(t, r, "the held calls' LockContext"); err != nil {
+				t.Fatalf("LockContext of a held call: got %v, want nil", err)
+			}
+		}
+		if r := await(t, res[0], "TryLockContext of a free lock"); !r.ok || r.err != nil {
+			t.Errorf("TryLockContext of a free lock: got (%v, %v), want (true, nil)", r.ok, r.err)
+		}
+		if r := await(t, res[1], "TryLockContext of a held lock"); r.ok || r.err != nil {
+			t.Errorf("TryLockContext of a lock held by another Client: got (%v, %v), want (false, nil)", r.ok, r.err)
+		}
+		var wt *WrongTypeError
+		if r := await(t, res[2], "TryLockContext of a key of another type"); r.ok || !errors.As(r.err, &wt) {
+			t.Errorf("TryLockContext of a key of another type: got (%v, %v), want (false, *WrongTypeError)", r.ok, r.err)
+		}
+		if err := await(t, held.unlocked, "UnlockContext"); err != nil {
+			t.Errorf("UnlockContext, its script flushed: got %v, want nil", err)
+		}
+		if got := g.pipeWith(want[0]); !slices.Equal(got, want) {
+			t.Errorf("pipeline: got %q, want %q", got, want)
+		}
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		for _, call := range want {
+			n := 1
+			if strings.HasPrefix(call, "release:") {
+				n = 2 // EVALSHA, NOSCRIPT, EVAL
+			}
+			if got := countOf(g.seen, call); got != n {
+				t.Errorf("%s sent %d times, want %d", call, got, n)
+			}
+		}
+	})
+}
+
+func countOf(s []string, v string) int {
+	n := 0
+	for _, x := range s {
+		if x == v {
+			n++
+		}
+	}
+	return n
+}
+
+// TestBatchManyGoroutines runs 64 goroutines of two Clients on 8 locks, 8
+// goroutines to a lock, each locking again and again: critical sections
+// never overlap and fences only rise, with calls coalesced all the while.
+func TestBatchManyGoroutines(t *testing.T) {
+	const locks, goroutines, rounds = 8, 4, 8
+	eachBackend(t, func(t *testing.T, b *testBackend) {
+		ctx := testCtx(t, hangGuard)
+		var piped atomic.Int64
+		count := hookFuncs{pipeline: func(ctx context.Context, cmds []redis.Cmder, next redis.ProcessPipelineHook) error {
+			if n := len(cmds); n > 1 {
+				if name, _ := scriptCall(cmds[0]); name != "" {
+					piped.Add(1)
+				}
+			}
+			return next(ctx, cmds)
+		}}
+		var clients [2]*Client
+		for i := range clients {
+			rdb := b.rdb(t)
+			rdb.AddHook(count)
+			clients[i] = clientOn(t, rdb)
+		}
+		name := lockName(t)
+		errc := make(chan error, locks)
+		regs := make([]*redistest.Register, locks)
+		for l := range locks {
+			regs[l] = redistest.NewRegister(t)
+			ms := []*DistMutex{clients[0].NewMutex(fmt.Sprint(name, l), WithFencing()),
+				clients[1].NewMutex(fmt.Sprint(name, l), WithFencing())}
+			go func() { errc <- hammer(ctx, regs[l], ms, goroutines, rounds) }()
+		}
+		for range locks {
+			if err := await(t, errc, "the goroutines of a lock"); err != nil {
+				t.Error(err)
+			}
+		}
+		for _, reg := range regs {
+			reg.CheckSections(t, 2*goroutines*rounds)
+		}
+		if piped.Load() == 0 {
+			t.Errorf("pipelines of several script calls: got none, want some (64 goroutines calling at once)")
+		}
+	})
+}
+
+// testClusterBatch sends one batch of Locks on every master of a cluster
+// (two locks on each, in different slots): each lock is taken on the master
+// that serves its slot, then all are released in another batch.
+func testClusterBatch(t *testing.T, tc *redistest.Cluster) {
+	ctx := testCtx(t, hangGuard)
+	prefix := topoPrefix(t)
+	rdb := tc.Client(t)
+	c := clientOn(t, rdb, WithKeyPrefix(prefix))
+	a, bm := c.NewMutex(nameOn(t, tc, tc.Masters[0], prefix, "a")), c.NewMutex(nameOn(t, tc, tc.Masters[1], prefix, "b"))
+	g := newCallGate(a.spec.hash(), bm.spec.hash())
+	rdb.AddHook(g.hook())
+	ra, rb := stall(t, c, g, a, bm)
+	var ms []*DistMutex
+	for i, n := range tc.Masters {
+		for _, base := range []string{"x", "y"} {
+			name := nameOn(t, tc, n, prefix, fmt.Sprint(base, i, "-"))
+			ms = append(ms, c.NewMutex(name))
+		}
+	}
+	var holds []*asyncLock
+	for _, m := range ms {
+		holds = append(holds, lockAsync(t, m, nil, ""))
+	}
+	want := calls("acquire", ms...)
+	waitFor(t, "the Locks queued", func() bool { return slices.Equal(queuedCalls(c), want) })
+	close(g.open)
+	for _, r := range []<-chan error{ra, rb} {
+		if err := await(t, r, "the held calls' LockContext"); err != nil {
+			t.Fatalf("LockContext of a held call: got %v, want nil", err)
+		}
+	}
+	for i, h := range holds {
+		if r := await(t, h.locked, "a batched LockContext"); r.err != nil {
+			t.Fatalf("LockContext(%q): got %v, want nil", ms[i].Name(), r.err)
+		}
+	}
+	if got := g.pipeWith(want[0]); !slices.Equal(got, want) {
+		t.Errorf("pipeline: got %q, want %q", got, want)
+	}
+	for _, m := range ms {
+		owner := tc.Owner(t, tc.Masters[0], keySlot(m.spec.hash()))
+		if n := owner.RDB.Exists(ctx, m.spec.hash()).Val(); n != 1 {
+			t.Errorf("lock %q on %v, which serves its slot: EXISTS got %d, want 1", m.Name(), owner, n)
+		}
+	}
+	for _, h := range holds {
+		h.unlock()
+	}
+	for i, h := range holds {
+		if err := await(t, h.unlocked, "a batched UnlockContext"); err != nil {
+			t.Errorf("UnlockContext(%q): got %v, want nil", ms[i].Name(), err)
+		}
+		if n := rdb.Exists(ctx, ms[i].spec.hash()).Val(); n != 0 {
+			t.Errorf("lock %q after UnlockContext: EXISTS got %d, want 0", ms[i].Name(), n)
+		}
+	}
 }
