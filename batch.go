@@ -2,6 +2,7 @@ package remutex
 
 import (
 	"context"
+	"runtime"
 	"sync"
 	"time"
 )
@@ -17,9 +18,15 @@ import (
 // nothing. Calls that come while another is in flight queue; one drainer
 // goroutine sends everything queued as one pipeline (go-redis splits a
 // Cluster pipeline by node and routes each call by its slot), hands each
-// caller its own reply, and goes on while calls keep coming. Every call
-// still goes through node.send, so each has its own reply or error and the
-// NOSCRIPT fallback; the caller's retries, above, are unchanged.
+// caller its own reply, and goes on while calls keep coming. Before it looks
+// at the queue again it yields the processor: the callers it has just
+// answered often call again at once (an Unlock follows a Lock), and without
+// the pause they would split into two trains of half the size. At most two
+// round trips of a node are in flight: a call sent alone and a pipeline.
+// Every call still goes through node.send, so each has its own reply or
+// error and the NOSCRIPT fallback; the caller's retries, above, are
+// unchanged. WithReplicaAck's acquisitions keep their own path (acquire and
+// WAIT pipelined on the master's connection) and are not coalesced.
 //
 // A queued caller whose context ends returns ctx's error at once. If its
 // call was not sent yet it never will be; if it was, the pipeline goes on
@@ -117,6 +124,11 @@ func (b *batcher) drain() {
 // take moves the queued calls that still have a caller into ps and calls;
 // it returns nil ps, and ends the drainer, when the queue is empty.
 func (b *batcher) take(ps []*pending, calls []*call) ([]*pending, []*call) {
+	if cap(ps) > 0 {
+		// The callers just answered are likely to call again at once (a
+		// Lock's Unlock follows it): let them, and send their calls together.
+		runtime.Gosched()
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if len(b.queue) == 0 {
