@@ -6,7 +6,7 @@
 // every library in one run and writes a Markdown report, an SVG chart and the
 // raw numbers as JSON:
 //
-//	go run . -out results          # the full run, 3 to 5 minutes
+//	go run . -out results          # the full run, 5 to 7 minutes
 //	go run . -short -out /tmp/x    # a few seconds per scenario, for CI
 //
 // Scenarios:
