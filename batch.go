@@ -46,7 +46,7 @@ type batcher struct {
 // pending is one queued call and what its caller waits on.
 type pending struct {
 	ctx   context.Context
-	cl    *call
+	cl    call          // a copy, so that the caller's call may live on its stack
 	state pendState     // guarded by batcher.mu
 	done  chan struct{} // a value once cl.cmd holds the reply
 }
@@ -75,7 +75,7 @@ func (b *batcher) do(ctx context.Context, cl *call) error {
 		return nil
 	}
 	p := pendingPool.Get().(*pending)
-	p.ctx, p.cl, p.state = ctx, cl, pendQueued
+	p.ctx, p.cl, p.state = ctx, *cl, pendQueued
 	b.queue = append(b.queue, p)
 	if !b.drainer {
 		b.drainer = true
@@ -85,7 +85,8 @@ func (b *batcher) do(ctx context.Context, cl *call) error {
 	b.mu.Unlock()
 	select {
 	case <-p.done:
-		p.ctx, p.cl = nil, nil
+		cl.cmd = p.cl.cmd
+		p.ctx, p.cl = nil, call{}
 		pendingPool.Put(p)
 		return nil
 	case <-ctx.Done():
@@ -144,7 +145,7 @@ func (b *batcher) take(ps []*pending, calls []*call) ([]*pending, []*call) {
 		default:
 			p.state = pendSent
 			ps = append(ps, p)
-			calls = append(calls, p.cl)
+			calls = append(calls, &p.cl)
 		}
 	}
 	b.queue = b.queue[:0]

@@ -362,9 +362,16 @@ func countOf(s []string, v string) int {
 // TestBatchManyGoroutines runs 64 goroutines of two Clients on 8 locks, 8
 // goroutines to a lock, each locking again and again: critical sections
 // never overlap and fences only rise, with calls coalesced all the while.
+// On miniredis, whose scripts run slowly under the race detector, half as
+// many: there a loaded machine can delay a queue grant's renewal past its
+// claim lease, and a lost hold ends a goroutine's rounds early.
 func TestBatchManyGoroutines(t *testing.T) {
-	const locks, goroutines, rounds = 8, 4, 8
+	const locks, rounds = 8, 8
 	eachBackend(t, func(t *testing.T, b *testBackend) {
+		goroutines := 4
+		if !b.real() {
+			goroutines = 2
+		}
 		ctx := testCtx(t, hangGuard)
 		var piped atomic.Int64
 		count := hookFuncs{pipeline: func(ctx context.Context, cmds []redis.Cmder, next redis.ProcessPipelineHook) error {

@@ -269,15 +269,15 @@ func (cl *call) build(ctx context.Context, eval bool) {
 // only those: the others had their replies.
 func (n *node) send(ctx context.Context, t target, calls []*call, wait, pipeline bool) (acks *redis.IntCmd) {
 	for _, eval := range [2]bool{false, true} {
-		if eval {
-			calls = noScript(calls)
-		}
 		if len(calls) == 1 && !wait && !pipeline {
 			calls[0].build(ctx, eval)
 			_ = t.Process(ctx, calls[0].cmd)
 		} else {
 			pipe := t.Pipeline()
 			for _, cl := range calls {
+				if eval && !isNoScript(cl) {
+					continue // answered
+				}
 				cl.build(ctx, eval)
 				_ = pipe.Process(ctx, cl.cmd)
 			}
@@ -301,20 +301,6 @@ func anyNoScript(calls []*call) bool {
 		}
 	}
 	return false
-}
-
-// noScript returns the calls that the server answered with NOSCRIPT.
-func noScript(calls []*call) []*call {
-	if len(calls) == 1 {
-		return calls
-	}
-	var out []*call
-	for _, cl := range calls {
-		if isNoScript(cl) {
-			out = append(out, cl)
-		}
-	}
-	return out
 }
 
 // (HasErrorPrefix allocates even for nil: look first.)
