@@ -33,11 +33,7 @@ type scaleResult struct {
 	Cycles                    int64
 	PerSecond                 float64   // median over rounds of cycles/s
 	Rounds                    []float64 // cycles/s of each round
-	Allocs, Bytes             float64   // heap allocations and bytes per cycle (whole process)
-	Bursts, Commands          float64   // round trips and commands sent per cycle
-	Executed                  float64   // commands executed per cycle, scripts' included
-	CPU                       time.Duration
-	Server                    map[string]cmdStat
+	perCycle                            // allocations of the whole process, round trips, commands, Redis CPU
 	Errors                    int64
 	FirstErr                  string
 	spent                     spent
@@ -125,13 +121,7 @@ func (r *scaleResult) add(c *scaleRun, elapsed time.Duration, s spent) {
 	if e, ok := c.firstErr.Load().(string); ok && r.FirstErr == "" {
 		r.FirstErr = e
 	}
-	r.spent.mallocs += s.mallocs
-	r.spent.heap += s.heap
-	if r.spent.used.cmds == nil {
-		r.spent.used = usage{cmds: map[string]cmdStat{}}
-	}
-	r.spent.used = r.spent.used.add(s.used)
-	r.spent.sent = r.spent.sent.add(s.sent)
+	r.spent = r.spent.add(s)
 }
 
 func (r *scaleResult) finish() {
@@ -142,14 +132,7 @@ func (r *scaleResult) finish() {
 	rs := slices.Clone(r.Rounds)
 	slices.Sort(rs)
 	r.PerSecond = rs[len(rs)/2]
-	s := r.spent
-	r.Allocs = float64(s.mallocs) / n
-	r.Bytes = float64(s.heap) / n
-	r.Bursts = float64(s.sent.Bursts) / n
-	r.Commands = float64(s.sent.Commands) / n
-	r.Executed = float64(s.used.executed()) / n
-	r.CPU = time.Duration(float64(s.used.cpu) / n)
-	r.Server = s.used.cmds
+	r.perCycle = r.spent.per(n)
 }
 
 // runScale measures every variant that needs no polling at every size, the
