@@ -31,6 +31,7 @@ func TestCluster(t *testing.T) {
 	t.Run("WatchdogRenewsOnEveryMaster", func(t *testing.T) { testClusterWatchdog(t, tc) })
 	t.Run("ReplicaAck", func(t *testing.T) { testClusterReplicaAck(t, tc) })
 	t.Run("RWMutex", func(t *testing.T) { testClusterRWMutex(t, tc) })
+	t.Run("BatchSpansSlots", func(t *testing.T) { testClusterBatch(t, tc) })
 }
 
 // testClusterKeysShareOneSlot checks, for names with and without braces of

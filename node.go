@@ -256,6 +256,7 @@ type node struct {
 	nodeArg   interface{} // "<starve µs> <publish command>" for the slow paths (queue.lua)
 	shardOnce sync.Once   // decides shardPub with the first lock operation
 	shardPub  bool        // release messages use sharded pub/sub
+	batch     batcher     // coalesces the lock script calls of concurrent callers
 	subscriber
 }
 
@@ -267,6 +268,7 @@ func newNode(c *Client, rdb redis.UniversalClient, starve time.Duration) *node {
 	n.nodeArg = n.starve + " publish"
 	_, n.cluster = rdb.(*redis.ClusterClient)
 	n.subscriber.c, n.subscriber.n = c, n
+	n.batch.n = n
 	return n
 }
 
@@ -303,7 +305,8 @@ func (cl *call) build(ctx context.Context, eval bool) {
 // acknowledgement (WAIT must share the writes' connection; its reply is
 // returned). A server that
 // does not have a script (first use, SCRIPT FLUSH, a restart: a NOSCRIPT
-// reply, matched by its error code) gets the calls again with EVAL.
+// reply, matched by its error code) gets those calls again with EVAL, and
+// only those: the others had their replies.
 func (n *node) send(ctx context.Context, t target, calls []*call, wait, pipeline bool) (acks *redis.IntCmd) {
 	for _, eval := range [2]bool{false, true} {
 		if len(calls) == 1 && !wait && !pipeline {
@@ -312,6 +315,9 @@ func (n *node) send(ctx context.Context, t target, calls []*call, wait, pipeline
 		} else {
 			pipe := t.Pipeline()
 			for _, cl := range calls {
+				if eval && !isNoScript(cl) {
+					continue // answered
+				}
 				cl.build(ctx, eval)
 				_ = pipe.Process(ctx, cl.cmd)
 			}
@@ -330,18 +336,26 @@ func (n *node) send(ctx context.Context, t target, calls []*call, wait, pipeline
 
 func anyNoScript(calls []*call) bool {
 	for _, cl := range calls {
-		// (HasErrorPrefix allocates even for nil: look first.)
-		if err := cl.cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		if isNoScript(cl) {
 			return true
 		}
 	}
 	return false
 }
 
-// eval runs one lock script on the lock's keys.
+// (HasErrorPrefix allocates even for nil: look first.)
+func isNoScript(cl *call) bool {
+	err := cl.cmd.Err()
+	return err != nil && redis.HasErrorPrefix(err, "NOSCRIPT")
+}
+
+// eval runs one lock script on the lock's keys, in one round trip with the
+// calls of other goroutines made at the same moment (see batcher).
 func (n *node) eval(ctx context.Context, s *lockSpec, sc *luaScript, args ...interface{}) (interface{}, error) {
 	cl := &call{s: sc, keys: s.keyArgs, args: args}
-	n.send(ctx, n.rdb, []*call{cl}, false, false)
+	if err := n.batch.do(ctx, cl); err != nil {
+		return nil, err
+	}
 	v, err := cl.cmd.Result()
 	if err != nil {
 		n.reloadAfter(err)

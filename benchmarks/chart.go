@@ -90,6 +90,12 @@ func chartPanels(r *results) []panel {
 		cont(func(c *contendedResult) float64 { return ms(c.WaitP99) }))
 	add("Contended: Redis CPU per acquisition (lower is better)", "µs", false, 0, "",
 		cont(func(c *contendedResult) float64 { return us(c.CPU) }))
+	at := func(locks int, sel func(*scaleResult) float64) metric { return r.scaleMetric(locks, sel) }
+	perSec := func(c *scaleResult) float64 { return c.PerSecond }
+	cpuPer := func(c *scaleResult) float64 { return us(c.CPU) }
+	add(fmt.Sprintf("Scale, %d locks in use: cycles/s (higher is better)", scaleTarget), "/s", false, 0, "", at(scaleTarget, perSec))
+	add(fmt.Sprintf("Scale, %d locks in use: Redis CPU per cycle (lower is better)", scaleTarget), "µs", false, 0, "", at(scaleTarget, cpuPer))
+	add("Scale, 1024 locks in use: Redis CPU per cycle (lower is better)", "µs", false, 0, "", at(1024, cpuPer))
 	add("Many held locks: renewal round trips per lease/3 (lower is better, log scale)", "", true, 0, "",
 		func(n string) (float64, bool) {
 			h, ok := r.Held[n]

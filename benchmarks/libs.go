@@ -61,7 +61,7 @@ type variant struct {
 	lib      string // library name
 	remutex  bool   // the library under test
 	watchdog bool   // renews held locks by itself
-	held     bool   // runs the many-held scenario (polling does not matter there)
+	held     bool   // runs the held and scale scenarios (polling does not matter there)
 	setup    string // the options, in words
 	connect  func(cfg config) (client, error)
 	stalls   *atomic.Int64 // rueidislock: Lock calls that stalled and were retried

@@ -6,7 +6,7 @@
 // every library in one run and writes a Markdown report, an SVG chart and the
 // raw numbers as JSON:
 //
-//	go run . -out results          # the full run, 3 to 5 minutes
+//	go run . -out results          # the full run, 5 to 7 minutes
 //	go run . -short -out /tmp/x    # a few seconds per scenario, for CI
 //
 // Scenarios:
@@ -19,6 +19,7 @@
 //	rw           DistRWMutex (remutex only): RLock+RUnlock beside Lock+Unlock,
 //	             and a read-heavy load on DistRWMutex and on DistMutex
 //	hooks        remutex's cycle with and without the OpenTelemetry adapter
+//	scale        1, 4, 64, 1024 locks in use at once, each cycled by a goroutine of its own
 //
 // The program exits non-zero only on a correctness violation: two holders at
 // once, a tryLock that took a held lock, or a remutex hold lost while held.
@@ -50,18 +51,21 @@ type plan struct {
 	HeldLocks     int
 	HeldLease     time.Duration
 	TakeLimit     time.Duration // held scenario: time allowed for taking the locks
+	ScaleRounds   int           // scale: rounds per variant and size
+	ScaleTime     time.Duration // scale: window of one round
 	AwaitLoad     float64       // the 1-minute load waited for before starting, 0 for none
 }
 
 func fullPlan() plan {
 	return plan{Rounds: 10, RoundTime: 300 * time.Millisecond, Nested: 2 * time.Second,
-		ContendedTime: 6 * time.Second, HeldLocks: 10000, HeldLease: 2 * time.Second, TakeLimit: 30 * time.Second}
+		ContendedTime: 6 * time.Second, HeldLocks: 10000, HeldLease: 2 * time.Second, TakeLimit: 30 * time.Second,
+		ScaleRounds: 3, ScaleTime: time.Second}
 }
 
 func shortPlan() plan {
 	return plan{Short: true, Rounds: 5, RoundTime: 100 * time.Millisecond,
 		Nested: 500 * time.Millisecond, ContendedTime: 1500 * time.Millisecond, HeldLocks: 1000,
-		HeldLease: time.Second, TakeLimit: 3 * time.Second}
+		HeldLease: time.Second, TakeLimit: 3 * time.Second, ScaleRounds: 1, ScaleTime: 200 * time.Millisecond}
 }
 
 // flags are the command line.
@@ -80,7 +84,7 @@ func parseFlags() flags {
 	flag.StringVar(&f.libs, "libs", "", "comma-separated variant names to run (default: all)")
 	flag.IntVar(&f.held, "held", 0, "locks in the held scenario (default 10000, 1000 with -short)")
 	flag.Float64Var(&f.awaitLoad, "await-load", 0, "before measuring, wait up to 10 minutes for the 1-minute load average to drop below this (0: don't wait)")
-	flag.StringVar(&f.scenarios, "scenarios", "uncontended,nested,contended,held,rw,hooks", "scenarios to run")
+	flag.StringVar(&f.scenarios, "scenarios", "uncontended,nested,contended,held,rw,hooks,scale", "scenarios to run")
 	flag.StringVar(&f.cpuprofile, "cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.DurationVar(&f.timeout, "timeout", 0, "give up after this long, printing every goroutine's stack (default 10m, 3m with -short)")
 	flag.Parse()

@@ -35,6 +35,7 @@ func markdown(r *results) string {
 	w.uncontended(r)
 	w.contended(r)
 	w.held(r)
+	w.scale(r)
 	w.nested(r)
 	w.rw(r)
 	w.hooks(r)
@@ -217,6 +218,40 @@ func (w *page) held(r *results) {
 		w.p("| %s | %s | %d | %.1f | %d | %d | %.1f | %d | %d | %s |\n",
 			bold(v.Name, v.Remutex), h.Renewer, h.Bursts, h.perPeriod(), h.Commands, h.Executed,
 			ms(h.CPU), h.Goroutines, h.Lost, took)
+	}
+	w.p("\n")
+}
+
+func (w *page) scale(r *results) {
+	if len(r.Scale) == 0 {
+		return
+	}
+	w.p("## (f) Many locks in use at once\n\n")
+	w.p("Clients (separate connection pools) × goroutines, each goroutine cycling Lock+Unlock on a lock of its own, back to back, "+
+		"no contention; %d rounds of %v per library and size, the libraries interleaved. *cycles/s* is the median of the rounds "+
+		"(all rounds in brackets); per cycle: round trips (write bursts on the clients' sockets), commands sent, commands executed, "+
+		"Redis CPU (INFO cpu, user+sys) and heap allocations of the whole process.\n\n", r.Plan.ScaleRounds, r.Plan.ScaleTime)
+	w.p("| locks | clients × goroutines | library | cycles/s | rounds (k/s) | round trips | commands | executed | Redis CPU µs | allocs | bytes | remutex ÷ this (cycles/s) | remutex ÷ this (Redis CPU) |\n")
+	w.p("|---:|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, l := range scaleLayouts {
+		of := r.scaleOf(l.locks())
+		mine, _ := of(r.remutexName())
+		for _, v := range r.Variants {
+			c, ok := of(v.Name)
+			if !ok {
+				continue
+			}
+			rr, rc := "", ""
+			if mine != nil && !v.Remutex {
+				rr = fmt.Sprintf("%.2f", mine.PerSecond/c.PerSecond)
+				if c.CPU > 0 {
+					rc = fmt.Sprintf("%.2f", float64(mine.CPU)/float64(c.CPU))
+				}
+			}
+			w.p("| %d | %d × %d | %s | %.0f | %s | %.2f | %.2f | %.1f | %.1f | %.1f | %.0f | %s | %s |\n",
+				l.locks(), l.Clients, l.PerClient, bold(v.Name, v.Remutex), c.PerSecond, roundsOf(c.Rounds),
+				c.Bursts, c.Commands, c.Executed, us(c.CPU), c.Allocs, c.Bytes, rr, rc)
+		}
 	}
 	w.p("\n")
 }

@@ -19,7 +19,8 @@ type results struct {
 	Contended   map[string]*contendedResult
 	Held        map[string]*heldResult
 	RW          *rwResult
-	Hooks       map[string]*cycleResult // the uncontended cycle with and without the OpenTelemetry adapter
+	Hooks       map[string]*cycleResult            // the uncontended cycle with and without the OpenTelemetry adapter
+	Scale       map[string]map[string]*scaleResult // by locks in use, then variant
 	Violations  []string
 	Problems    []string // errors of a peer that are not violations
 }
@@ -36,6 +37,7 @@ func run(p plan, vs []variant, want map[string]bool) (*results, error) {
 		Uncontended: map[string]*cycleResult{},
 		Contended:   map[string]*contendedResult{},
 		Held:        map[string]*heldResult{},
+		Scale:       map[string]map[string]*scaleResult{},
 	}
 	for _, v := range vs {
 		res.Variants = append(res.Variants, variantInfo{v.name, v.lib, v.setup, v.remutex})
@@ -81,6 +83,9 @@ func run(p plan, vs []variant, want map[string]bool) (*results, error) {
 	}
 	if want["hooks"] {
 		res.runHooks(srv)
+	}
+	if want["scale"] {
+		res.runScale(vs, srv)
 	}
 	res.noteStalls(vs)
 	res.Machine.LoadEnd = loadavg()

@@ -129,3 +129,35 @@ func (m *meter) stop() spent {
 		sent:    w1.sub(m.w0),
 	}
 }
+
+// add sums two spans.
+func (s spent) add(t spent) spent {
+	if s.used.cmds == nil {
+		s.used = usage{cmds: map[string]cmdStat{}}
+	}
+	return spent{mallocs: s.mallocs + t.mallocs, heap: s.heap + t.heap, used: s.used.add(t.used), sent: s.sent.add(t.sent)}
+}
+
+// perCycle is what one cycle cost, on average.
+type perCycle struct {
+	Allocs   float64            // heap allocations per cycle (all goroutines)
+	Bytes    float64            // heap bytes per cycle
+	Bursts   float64            // write bursts (round trips) per cycle
+	Commands float64            // commands sent per cycle
+	Executed float64            // commands executed per cycle, inside scripts included
+	CPU      time.Duration      // redis-server CPU per cycle
+	Server   map[string]cmdStat // INFO commandstats over all cycles
+}
+
+// per returns what s spent per cycle over n cycles.
+func (s spent) per(n float64) perCycle {
+	return perCycle{
+		Allocs:   float64(s.mallocs) / n,
+		Bytes:    float64(s.heap) / n,
+		Bursts:   float64(s.sent.Bursts) / n,
+		Commands: float64(s.sent.Commands) / n,
+		Executed: float64(s.used.executed()) / n,
+		CPU:      time.Duration(float64(s.used.cpu) / n),
+		Server:   s.used.cmds,
+	}
+}

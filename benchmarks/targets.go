@@ -65,7 +65,8 @@ func (r *results) targets() []target {
 	if t, ok := r.heldTarget(); ok {
 		ts = append(ts, t)
 	}
-	return append(ts, r.rwTargets()...)
+	ts = append(ts, r.rwTargets()...)
+	return append(ts, r.scaleTargets()...)
 }
 
 // against puts remutex's figure f next to the peer's: the named peer, or the
@@ -219,4 +220,35 @@ func metricOf[T any](of func(name string) (*T, bool), sel func(*T) float64) metr
 // (lease/3).
 func (h *heldResult) perPeriod() float64 {
 	return float64(h.Bursts) / (float64(h.Held) / float64(h.Lease/3))
+}
+
+// scaleTargets are the targets of many locks in use at once, at scaleTarget
+// locks: throughput and Redis CPU per cycle against the best peer's, and how
+// the cost grows with the number of locks.
+func (r *results) scaleTargets() []target {
+	if len(r.Scale) == 0 {
+		return nil
+	}
+	at := func(sel func(*scaleResult) float64) metric { return r.scaleMetric(scaleTarget, sel) }
+	what := fmt.Sprintf("scale, %d locks (4 clients × 16 goroutines): ", scaleTarget)
+	ts := []target{
+		r.against(what+"cycles/s", "", higher, at(func(c *scaleResult) float64 { return c.PerSecond }), unit("%.0f", "")).
+			goal("≥ best peer", ratioAtLeast(1)),
+		r.against(what+"Redis CPU per cycle", "", lower, at(func(c *scaleResult) float64 { return us(c.CPU) }), unit("%.1f", "µs")).
+			goal("≤ cheapest peer", ratioAtMost(1)),
+		r.against(what+"allocations per cycle", "", lower, at(func(c *scaleResult) float64 { return c.Allocs }), unit("%.1f", "allocs")).
+			goal("reported", nil),
+	}
+	// Flat in N: Redis CPU per cycle at the most locks over the same at the target size.
+	most := scaleLayouts[len(scaleLayouts)-1].locks()
+	growth := func(name string) (float64, bool) {
+		a, ok1 := r.scaleOf(most)(name)
+		b, ok2 := r.scaleOf(scaleTarget)(name)
+		if !ok1 || !ok2 || b.CPU == 0 {
+			return 0, false
+		}
+		return float64(a.CPU) / float64(b.CPU), true
+	}
+	return append(ts, r.against(fmt.Sprintf("scale: Redis CPU per cycle at %d locks ÷ at %d", most, scaleTarget), "", lower,
+		growth, unit("%.2f", "×")).goal("reported", nil))
 }

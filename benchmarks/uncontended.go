@@ -10,21 +10,12 @@ import (
 // cycleResult is the uncontended Lock+Unlock cycle on one client.
 type cycleResult struct {
 	Cycles   int
-	Cycle    time.Duration      // median over rounds of the mean cycle time
-	P50, P99 time.Duration      // over all cycles
-	Allocs   float64            // heap allocations per cycle (all goroutines)
-	Bytes    float64            // heap bytes per cycle
-	Bursts   float64            // write bursts (round trips) per cycle
-	Commands float64            // commands sent per cycle
-	Executed float64            // commands executed per cycle, inside scripts included
-	CPU      time.Duration      // redis-server CPU per cycle
-	Server   map[string]cmdStat // INFO commandstats over all cycles
-	rounds   []time.Duration
-	lat      []time.Duration
-	mallocs  uint64
-	heap     uint64
-	used     usage
-	sent     wireSnapshot
+	Cycle    time.Duration // median over rounds of the mean cycle time
+	P50, P99 time.Duration // over all cycles
+	perCycle
+	rounds []time.Duration
+	lat    []time.Duration
+	spent  spent
 }
 
 // uncontendedRound runs Lock+Unlock cycles on one fresh client for d and adds
@@ -66,13 +57,7 @@ func uncontendedRound(v variant, srv *server, d time.Duration, r *cycleResult) e
 	spent := meter.stop()
 	r.lat = append(r.lat, lat...)
 	r.rounds = append(r.rounds, elapsed/time.Duration(len(lat)))
-	r.mallocs += spent.mallocs
-	r.heap += spent.heap
-	if r.used.cmds == nil {
-		r.used = usage{cmds: map[string]cmdStat{}}
-	}
-	r.used = r.used.add(spent.used)
-	r.sent = r.sent.add(spent.sent)
+	r.spent = r.spent.add(spent)
 	return nil
 }
 
@@ -85,12 +70,6 @@ func (r *cycleResult) finish() {
 	r.Cycle = median(r.rounds)
 	slices.Sort(r.lat)
 	r.P50, r.P99 = percentile(r.lat, 0.5), percentile(r.lat, 0.99)
-	r.Allocs = float64(r.mallocs) / n
-	r.Bytes = float64(r.heap) / n
-	r.Bursts = float64(r.sent.Bursts) / n
-	r.Commands = float64(r.sent.Commands) / n
-	r.Executed = float64(r.used.executed()) / n
-	r.CPU = time.Duration(float64(r.used.cpu) / n)
-	r.Server = r.used.cmds
+	r.perCycle = r.spent.per(n)
 	r.lat = nil
 }
