@@ -72,25 +72,29 @@ func run(p plan, vs []variant, want map[string]bool) (*results, error) {
 		}
 		res.Floor.finish()
 	}
-	if want["contended"] {
-		res.runContended(vs, srv)
-	}
-	if want["held"] {
-		res.runHeld(vs, srv)
-	}
-	if want["rw"] {
-		res.runRW(srv)
-	}
-	if want["hooks"] {
-		res.runHooks(srv)
-	}
-	if want["scale"] {
-		res.runScale(vs, srv)
-	}
+	res.runLoads(vs, srv, want)
 	res.noteStalls(vs)
 	res.Machine.LoadEnd = loadavg()
 	res.Took = time.Since(res.Started)
 	return res, nil
+}
+
+// runLoads runs the scenarios after the uncontended ones, in order.
+func (r *results) runLoads(vs []variant, srv *server, want map[string]bool) {
+	for _, s := range []struct {
+		name string
+		run  func()
+	}{
+		{"contended", func() { r.runContended(vs, srv) }},
+		{"held", func() { r.runHeld(vs, srv) }},
+		{"rw", func() { r.runRW(srv) }},
+		{"hooks", func() { r.runHooks(srv) }},
+		{"scale", func() { r.runScale(vs, srv) }},
+	} {
+		if want[s.name] {
+			s.run()
+		}
+	}
 }
 
 // logf reports progress on stderr, with the time since the run started.
