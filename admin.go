@@ -2,7 +2,6 @@ package remutex
 
 import (
 	"context"
-	_ "embed"
 	"errors"
 	"fmt"
 	"slices"
@@ -19,11 +18,7 @@ import (
 // through the same keys and scripts as DistMutex, so that users and the
 // remutex command need not know the layout.
 
-var (
-	//go:embed scripts/inspect.lua
-	luaInspect    string
-	inspectScript = newLuaScript(luaInspect)
-)
+var inspectScript = loadScript("inspect")
 
 // LockInfo is the state of one lock, as Inspect read it.
 type LockInfo struct {

@@ -703,7 +703,7 @@ func TestFaultScriptFlush(t *testing.T) {
 	flush()
 	flushed := time.Now()
 	cmds.await(t, flushed, faultLease, "a renewal after SCRIPT FLUSH", func(c loggedCommand) bool {
-		return len(c.args) > 1 && c.args[0] == "eval" && c.args[1] == luaRenew && c.err == nil
+		return len(c.args) > 1 && c.args[0] == "eval" && c.args[1] == renewScript.src && c.err == nil
 	})
 	if isClosed(lost) {
 		t.Fatal("hold lost after a renewal past SCRIPT FLUSH")

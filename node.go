@@ -2,7 +2,7 @@ package remutex
 
 import (
 	"context"
-	_ "embed"
+	"embed"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -18,40 +18,20 @@ import (
 // itself: see scripts/*.lua. Each one is told absolute counts (the count a
 // goroutine has and the count it wants), so a call sent twice, because the
 // reply to the first was lost, changes nothing the second time.
-var (
-	//go:embed scripts/queue.lua
-	luaQueue string
-	//go:embed scripts/rw.lua
-	luaRW string
-	//go:embed scripts/acquire.lua
-	luaAcquire string
-	//go:embed scripts/release.lua
-	luaRelease string
-	//go:embed scripts/leave.lua
-	luaLeave string
-	//go:embed scripts/wlock.lua
-	luaWLock string
-	//go:embed scripts/wunlock.lua
-	luaWUnlock string
-	//go:embed scripts/rlock.lua
-	luaRLock string
-	//go:embed scripts/runlock.lua
-	luaRUnlock string
-	//go:embed scripts/rwleave.lua
-	luaRWLeave string
-	//go:embed scripts/renew.lua
-	luaRenew string
-	//go:embed scripts/raise.lua
-	luaRaise string
+// scriptFiles are the scripts and the parts they include.
+//
+//go:embed scripts/*.lua
+var scriptFiles embed.FS
 
-	renewScript = newLuaScript(luaRenew)
-	raiseScript = newLuaScript(luaRaise)
+var (
+	renewScript = loadScript("renew")
+	raiseScript = loadScript("raise")
 
 	// The scripts of each kind of lock: a DistMutex, and the write and read
 	// sides of a DistRWMutex.
-	mutexScripts = &scriptSet{newLuaScript(luaAcquire), newLuaScript(luaRelease), newLuaScript(luaLeave)}
-	writeScripts = &scriptSet{newLuaScript(luaWLock), newLuaScript(luaWUnlock), newLuaScript(luaRWLeave)}
-	readScripts  = &scriptSet{newLuaScript(luaRLock), newLuaScript(luaRUnlock), writeScripts.leave}
+	mutexScripts = &scriptSet{loadScript("acquire"), loadScript("release"), loadScript("leave")}
+	writeScripts = &scriptSet{loadScript("wlock"), loadScript("wunlock"), loadScript("rwleave")}
+	readScripts  = &scriptSet{loadScript("rlock"), loadScript("runlock"), writeScripts.leave}
 )
 
 // scriptSet is what a lock's holds and waiters run: acquire (or queue),
@@ -61,16 +41,41 @@ type scriptSet struct {
 }
 
 // luaScript is a script with its SHA and source boxed once, so that calls do
-// not allocate to pass them. The slow-path helpers of queue.lua (and rw.lua)
-// are pasted in where a script says so, after its fast path.
+// not allocate to pass them.
 type luaScript struct {
 	src, sha interface{}
 	hash     string
 }
 
+// loadScript returns scripts/<name>.lua with its includes pasted in: a line
+// "--#include <file>" is replaced by that file of scripts/ (the slow-path
+// helpers of queue.lua and rw.lua come after a script's fast path, so that
+// an uncontended call never builds them).
+func loadScript(name string) *luaScript {
+	return newLuaScript(include(readScript(name + ".lua")))
+}
+
+func readScript(file string) string {
+	b, err := scriptFiles.ReadFile("scripts/" + file)
+	if err != nil {
+		panic("remutex: " + err.Error()) // embedded: cannot happen
+	}
+	return string(b)
+}
+
+func include(src string) string {
+	var out strings.Builder
+	for _, line := range strings.SplitAfter(src, "\n") {
+		if file, ok := strings.CutPrefix(line, "--#include "); ok {
+			out.WriteString(include(readScript(strings.TrimSpace(file))))
+			continue
+		}
+		out.WriteString(line)
+	}
+	return out.String()
+}
+
 func newLuaScript(src string) *luaScript {
-	src = strings.Replace(src, "--#include queue.lua\n", luaQueue, 1)
-	src = strings.Replace(src, "--#include rw.lua\n", luaRW, 1)
 	h := redis.NewScript(src).Hash()
 	return &luaScript{src: src, sha: h, hash: h}
 }

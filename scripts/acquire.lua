@@ -19,28 +19,7 @@
 local hash, queue = KEYS[1], KEYS[3]
 local owner, have, want, lease, fencing = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 
--- The free path first, with nothing built before it: no holder, nobody
--- queued. A fence counter that cannot be incremented falls through to the
--- slow path, which names the key.
-if have == '0' and redis.call('exists', hash, queue, KEYS[4]) == 0 then
-  local f = 0
-  if fencing ~= '0' then
-    f = redis.pcall('incr', KEYS[2])
-    if f == 1 then
-      -- No counter (first use, or Redis lost it): seed it from the server
-      -- clock in µs, so tokens keep rising across a restart.
-      local t = redis.call('time')
-      local seed = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
-      redis.call('set', KEYS[2], seed)
-      f = tonumber(seed)
-    end
-  end
-  if type(f) == 'number' then
-    redis.call('hset', hash, owner, want)
-    redis.call('pexpire', hash, lease)
-    return {1, f}
-  end
-end
+--#include take.lua
 
 --#include queue.lua
 

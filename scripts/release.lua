@@ -11,15 +11,7 @@
 local hash, queue = KEYS[1], KEYS[3]
 local owner, want = ARGV[1], ARGV[2]
 
-if want ~= '0' then
-  -- A key of another type answers an error table: not ours.
-  if redis.pcall('hexists', hash, owner) ~= 1 then return 0 end
-  redis.call('hset', hash, owner, want)
-  if ARGV[3] ~= '0' then redis.call('pexpire', hash, ARGV[3]) end
-  return 1
-end
-
-if redis.pcall('hdel', hash, owner) ~= 1 then return 0 end
+--#include lower.lua
 -- Nobody queued: nothing to publish. Both keys there: a field left by
 -- another owner keeps the lock held; its holder's release or lease ends it.
 -- (One of them: the queue's head is looked up below, and there is none if

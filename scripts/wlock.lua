@@ -8,24 +8,7 @@
 local hash, queue = KEYS[1], KEYS[3]
 local owner, have, want, lease, fencing = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 
--- The free path first: no writer, no reader, nobody queued.
-if have == '0' and redis.call('exists', hash, queue, KEYS[4], KEYS[5]) == 0 then
-  local f = 0
-  if fencing ~= '0' then
-    f = redis.pcall('incr', KEYS[2])
-    if f == 1 then
-      local t = redis.call('time')
-      local seed = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
-      redis.call('set', KEYS[2], seed)
-      f = tonumber(seed)
-    end
-  end
-  if type(f) == 'number' then
-    redis.call('hset', hash, owner, want)
-    redis.call('pexpire', hash, lease)
-    return {1, f}
-  end
-end
+--#include take.lua
 
 --#include queue.lua
 --#include rw.lua

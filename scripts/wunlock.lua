@@ -8,14 +8,7 @@
 local hash, queue = KEYS[1], KEYS[3]
 local owner, want = ARGV[1], ARGV[2]
 
-if want ~= '0' then
-  if redis.pcall('hexists', hash, owner) ~= 1 then return 0 end
-  redis.call('hset', hash, owner, want)
-  if ARGV[3] ~= '0' then redis.call('pexpire', hash, ARGV[3]) end
-  return 1
-end
-
-if redis.pcall('hdel', hash, owner) ~= 1 then return 0 end
+--#include lower.lua
 if redis.call('exists', queue) == 0 then return 1 end
 
 --#include queue.lua
