@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -46,6 +47,12 @@ type Client struct {
 	seq     uint64                // wait ids and NonReentrant owner tokens
 
 	wd watchdog
+
+	// contended are the times until which locks count as contended (see
+	// quick), shared by every DistMutex of the Client and indexed by a hash
+	// of the lock's name: two names that share a slot only send the full
+	// scripts more often.
+	contended [256]atomic.Int64
 }
 
 // Option configures a Client.

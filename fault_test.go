@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"os"
 	"strconv"
@@ -417,8 +418,8 @@ func TestFaultLateAcquireReply(t *testing.T) {
 }
 
 // TestFaultConnectionReset: the connection breaks after the server applied a
-// lock or unlock script and before its reply arrives; go-redis (or remutex)
-// sends it again. Counts must not change twice, no hold may remain, and no
+// lock or unlock script and before its reply arrives (the uncontended
+// scripts and the full ones); go-redis (or remutex) sends it again. Counts must not change twice, no hold may remain, and no
 // loss may be reported.
 func TestFaultConnectionReset(t *testing.T) {
 	srv := redistest.Start(t)
@@ -483,6 +484,11 @@ func TestFaultConnectionReset(t *testing.T) {
 	lock := func() error { m.Lock(); return nil }
 	unlock := func() error { m.Unlock(); return nil }
 	acquireSHA, releaseSHA := mutexScripts.acquire.Hash(), mutexScripts.release.Hash()
+	// The Context forms go the uncontended way (lock.lua, unlock.lua: a
+	// resent lock.lua finds the hash and hands over to acquire.lua), the
+	// others the contended way (acquire.lua, release.lua).
+	calm := func() { m.spec.quick.until.Store(0) }
+	contended := func() { m.spec.quick.until.Store(math.MaxInt64) }
 
 	g.do(t, 5*time.Second, "warm-up", func() { // loads the scripts and seeds the fence counter
 		if err := m.LockContext(ctx); err == nil {
@@ -492,17 +498,20 @@ func TestFaultConnectionReset(t *testing.T) {
 	before := counter()
 	var fence int64
 	var lost <-chan struct{}
-	step("LockContext", acquireSHA, lockCtx, 1, "1")
+	calm()
+	step("LockContext", quickLock.Hash(), lockCtx, 1, "1")
 	g.do(t, time.Second, "Fence", func() { fence, lost = m.Fence(), m.Lost() })
 	if after := counter(); fence != before+1 || after != before+1 {
 		t.Errorf("fence %d and counter %d after one acquisition sent twice, want both %d", fence, after, before+1)
 	}
 	step("nested LockContext", acquireSHA, lockCtx, 2, "2")
 	step("UnlockContext 2→1", releaseSHA, unlockCtx, 1, "1")
-	step("final UnlockContext", releaseSHA, unlockCtx, 0, "")
+	calm()
+	step("final UnlockContext", quickUnlock.Hash(), unlockCtx, 0, "")
 	if isClosed(lost) {
 		t.Error("Lost closed for a hold that was unlocked normally")
 	}
+	contended()
 	step("Lock", acquireSHA, lock, 1, "1")
 	step("nested Lock", acquireSHA, lock, 2, "2")
 	step("Unlock 2→1", releaseSHA, unlock, 1, "1")

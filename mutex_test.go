@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"strings"
 	"sync"
@@ -410,13 +411,14 @@ func TestWrongType(t *testing.T) {
 		rdb := b.rdb(t)
 		c := b.client(t)
 		cases := []struct {
-			name    string
-			opts    []MutexOption
-			key     func(lockKeyNames) string
-			plant   func(key string) error
-			typ     string
-			restore func(key string) (string, error) // reads the planted data back
-			want    string
+			name      string
+			opts      []MutexOption
+			key       func(lockKeyNames) string
+			plant     func(key string) error
+			typ       string
+			restore   func(key string) (string, error) // reads the planted data back
+			want      string
+			contended bool // send the full scripts
 		}{
 			{
 				name:    "string at the hash key",
@@ -433,11 +435,14 @@ func TestWrongType(t *testing.T) {
 				typ:     "string", want: "precious",
 			},
 			{
+				// The uncontended scripts do not read this key (see
+				// TestUncontendedPathIgnoresLivenessKey): the lock is
+				// made to look contended, so the full ones run.
 				name:    "string at the queue liveness key",
 				key:     func(k lockKeyNames) string { return k.alive },
 				plant:   func(key string) error { return rdb.Set(ctx, key, "precious", 0).Err() },
 				restore: func(key string) (string, error) { return rdb.Get(ctx, key).Result() },
-				typ:     "string", want: "precious",
+				typ:     "string", want: "precious", contended: true,
 			},
 			{
 				name:    "list at the fence key",
@@ -455,6 +460,9 @@ func TestWrongType(t *testing.T) {
 				key := tc.key(k)
 				require.NoError(t, tc.plant(key))
 				m := c.NewMutex(name, tc.opts...)
+				if tc.contended {
+					m.spec.quick.until.Store(math.MaxInt64)
+				}
 
 				check := func(what string, err error) {
 					t.Helper()
@@ -489,6 +497,26 @@ func TestWrongType(t *testing.T) {
 				}
 			})
 		}
+	})
+}
+
+// TestUncontendedPathIgnoresLivenessKey: the uncontended scripts read the
+// hash and the queue only. Foreign data at the queue's liveness key does not
+// stop a free lock from being taken and released, and is left as it was;
+// the first call that needs the key reports it (TestWrongType).
+func TestUncontendedPathIgnoresLivenessKey(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *testBackend) {
+		ctx := context.Background()
+		rdb := b.rdb(t)
+		name := lockName(t)
+		k := keysOf(name)
+		require.NoError(t, rdb.Set(ctx, k.alive, "precious", 0).Err())
+		m := b.client(t).NewMutex(name)
+		require.NoError(t, m.LockContext(ctx))
+		assert.Equal(t, int64(1), rdb.Exists(ctx, k.hash).Val(), "the hold's hash")
+		require.NoError(t, m.UnlockContext(ctx))
+		assert.Equal(t, int64(0), rdb.Exists(ctx, k.hash, k.queue).Val(), "keys left by the cycle")
+		assert.Equal(t, "precious", rdb.Get(ctx, k.alive).Val(), "the data at the liveness key")
 	})
 }
 

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -26,6 +27,9 @@ var scriptFiles embed.FS
 var (
 	renewScript = loadScript("renew")
 	raiseScript = loadScript("raise")
+
+	// A DistMutex's uncontended cycle (see quick).
+	quickLock, quickUnlock = loadScript("lock"), loadScript("unlock")
 
 	// The scripts of each kind of lock: a DistMutex, and the write and read
 	// sides of a DistRWMutex.
@@ -120,6 +124,7 @@ type acquireReq struct {
 	lease      interface{} // ms; "0" keeps the TTL (nested, WithoutRenewal)
 	fence      fenceMode
 	waitID     interface{} // "" never queues (TryLock)
+	quick      bool        // an attempt's first call: lock.lua may do, if the lock is calm
 }
 
 // backend is where a Client's locks live: one Redis deployment (node) or a
@@ -183,6 +188,43 @@ type lockSpec struct {
 	fence    fenceMode
 	read     bool   // the read side of a DistRWMutex
 	unheld   string // the panic of an unlock that holds nothing
+	quick    *quick // a DistMutex's uncontended cycle; nil for a DistRWMutex
+}
+
+// quick is what a DistMutex sends for its uncontended cycle: lock.lua and
+// unlock.lua, the free paths of acquire.lua and release.lua alone, on the
+// keys they read, with the owner and the lease as their only arguments.
+// Redis pays about as much per argument of a script call as per command the
+// script runs, so the cycle then costs it little more than a SET NX PX and a
+// Lua release would. Once a lock is seen contended (a busy reply, a waiter
+// found at release, a hand-off), the full scripts are sent at once for
+// contendedFor, so that a contended lock does not pay two calls where one
+// does.
+type quick struct {
+	lockKeys, fencedKeys, unlockKeys []interface{}
+	until                            *atomic.Int64 // unix ns: contended until then (Client.contended)
+}
+
+// contendedFor is how long a lock seen contended is sent the full scripts.
+const contendedFor = time.Second
+
+func (c *Client) newQuick(keys []string) *quick {
+	hash, fence, queue := keys[0], keys[1], keys[2]
+	h := uint32(2166136261) // FNV-1a
+	for i := 0; i < len(hash); i++ {
+		h = (h ^ uint32(hash[i])) * 16777619
+	}
+	return &quick{lockKeys: []interface{}{hash, queue}, fencedKeys: []interface{}{hash, queue, fence},
+		unlockKeys: []interface{}{hash, queue}, until: &c.contended[h%uint32(len(c.contended))]}
+}
+
+// calm says whether the lock has not been seen contended lately.
+func (q *quick) calm() bool { return q != nil && time.Now().UnixNano() >= q.until.Load() }
+
+func (q *quick) contended() {
+	if q != nil {
+		q.until.Store(time.Now().Add(contendedFor).UnixNano())
+	}
 }
 
 func (s *lockSpec) hash() string { return s.home }
@@ -357,7 +399,12 @@ func isNoScript(cl *call) bool {
 // eval runs one lock script on the lock's keys, in one round trip with the
 // calls of other goroutines made at the same moment (see batcher).
 func (n *node) eval(ctx context.Context, s *lockSpec, sc *luaScript, args ...interface{}) (interface{}, error) {
-	cl := &call{s: sc, keys: s.keyArgs, args: args}
+	return n.evalOn(ctx, s.keyArgs, sc, args...)
+}
+
+// evalOn is eval on some of the lock's keys, the hash first.
+func (n *node) evalOn(ctx context.Context, keys []interface{}, sc *luaScript, args ...interface{}) (interface{}, error) {
+	cl := &call{s: sc, keys: keys, args: args}
 	if err := n.batch.do(ctx, cl); err != nil {
 		return nil, err
 	}
@@ -379,6 +426,11 @@ func (n *node) tail(ctx context.Context, s *lockSpec) (nodeArg, queueArg interfa
 }
 
 func (n *node) acquire(ctx context.Context, s *lockSpec, r acquireReq) (reply, error) {
+	if r.quick && n.ack.replicas == 0 && s.quick.calm() {
+		if granted, f, err := n.quickLock(ctx, s, r); granted || err != nil {
+			return reply{code: replyGranted, val: f}, err
+		}
+	}
 	na, qa := n.tail(ctx, s)
 	args := []interface{}{r.owner, r.have, r.want, r.lease, r.fence.arg(), r.waitID, na, qa}
 	if r.have > 0 || n.ack.replicas == 0 {
@@ -386,9 +438,37 @@ func (n *node) acquire(ctx context.Context, s *lockSpec, r acquireReq) (reply, e
 		if err != nil {
 			return reply{}, err
 		}
-		return parseReply(v)
+		rep, err := parseReply(v)
+		if rep.code == replyBusy || rep.code == replyQueued {
+			s.quick.contended()
+		}
+		return rep, err
 	}
 	return n.ackedAcquire(ctx, s, r.owner, args)
+}
+
+// quickLock runs lock.lua: granted with the fence token (0 without
+// fencing), or not (the lock is not free), the lock then marked contended.
+func (n *node) quickLock(ctx context.Context, s *lockSpec, r acquireReq) (granted bool, fence int64, err error) {
+	keys := s.quick.lockKeys
+	if r.fence != fenceOff {
+		keys = s.quick.fencedKeys
+	}
+	v, err := n.evalOn(ctx, keys, quickLock, r.owner, r.lease)
+	if err != nil {
+		return false, 0, err
+	}
+	f, err := toInt64(v)
+	switch {
+	case err != nil:
+		return false, 0, err
+	case f == 0:
+		s.quick.contended()
+		return false, 0, nil
+	case r.fence == fenceOff:
+		f = 0
+	}
+	return true, f, nil
 }
 
 // ackedAcquire runs acquire followed by WAIT on the same connection (one
@@ -440,12 +520,26 @@ func (n *node) masterFor(ctx context.Context, key string) (target, error) {
 }
 
 func (n *node) release(ctx context.Context, s *lockSpec, owner interface{}, want int, lease interface{}) (int64, error) {
+	if want == 0 && s.quick.calm() {
+		v, err := n.evalOn(ctx, s.quick.unlockKeys, quickUnlock, owner)
+		if err != nil {
+			return 0, err
+		}
+		if res, err := toInt64(v); err != nil || res >= 0 {
+			return res, err
+		}
+		s.quick.contended() // somebody waits: release.lua hands the lock on
+	}
 	na, qa := n.tail(ctx, s)
 	v, err := n.eval(ctx, s, s.sc.release, owner, want, lease, na, qa)
 	if err != nil {
 		return 0, err
 	}
-	return toInt64(v)
+	res, err := toInt64(v)
+	if res == releaseHandoff {
+		s.quick.contended()
+	}
+	return res, err
 }
 
 func (n *node) leave(ctx context.Context, s *lockSpec, owner interface{}, entry string) error {

@@ -121,9 +121,10 @@ func (a *attempt) call(ctx context.Context) (reply, error) {
 		}
 	}
 	a.heardAtSend = a.watching && isClosed(c.be.ready(m.spec.channel))
+	first := a.sent.IsZero()
 	a.sent = time.Now()
 	return c.be.acquire(ctx, &m.spec, acquireReq{
-		owner: a.owner, want: 1, lease: m.spec.leaseArg, fence: m.spec.fence, waitID: a.waitArg,
+		owner: a.owner, want: 1, lease: m.spec.leaseArg, fence: m.spec.fence, waitID: a.waitArg, quick: first,
 	})
 }
 

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"time"
@@ -54,8 +55,11 @@ func run(p plan, vs []variant, want map[string]bool) (*results, error) {
 	res.logf("redis-server %s on %s, load %s", res.Machine.Redis, srv.addr, res.Machine.LoadStart)
 
 	for _, v := range vs {
-		if err := checkExclusion(v, srv.addr); err != nil {
+		switch err := checkExclusion(v, srv.addr); {
+		case errors.Is(err, errTwoHolders):
 			res.Violations = append(res.Violations, fmt.Sprintf("%s: exclusion check: %v", v.name, err))
+		case err != nil:
+			res.problem(v, "exclusion check", err)
 		}
 	}
 	if want["uncontended"] {
