@@ -1,8 +1,10 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"math"
 	"runtime"
 	"slices"
 	"sync"
@@ -41,6 +43,49 @@ type contendedResult struct {
 	Server       map[string]cmdStat
 	AllAcq       int // acquisitions including the drain after the window
 	FirstErr     string
+	Rounds       []float64 // utilisation of each round, in %
+}
+
+// mergeRounds sums up the rounds of one variant. Rate, utilisation, gap and
+// median wait are the round's of the median utilisation; wait p99 and max
+// are the worst round's; acquisitions per worker, overlaps and errors are
+// summed, and what Redis did is per acquisition over all rounds.
+func mergeRounds(rs []contendedResult) contendedResult {
+	byUtil := slices.Clone(rs)
+	slices.SortFunc(byUtil, func(a, b contendedResult) int { return cmp.Compare(a.Utilisation, b.Utilisation) })
+	m := byUtil[len(byUtil)/2]
+	res := contendedResult{PerSecond: m.PerSecond, Utilisation: m.Utilisation, GapMean: m.GapMean, GapP50: m.GapP50,
+		WaitP50: m.WaitP50, PerWorker: make([]int, len(m.PerWorker)), Server: map[string]cmdStat{}}
+	var cpu, bursts, commands, executed float64
+	for _, r := range rs {
+		res.Rounds = append(res.Rounds, math.Round(1000*r.Utilisation)/10)
+		res.Window += r.Window
+		res.Acquisitions += r.Acquisitions
+		res.AllAcq += r.AllAcq
+		res.WaitP99, res.WaitMax = max(res.WaitP99, r.WaitP99), max(res.WaitMax, r.WaitMax)
+		res.Overlaps += r.Overlaps
+		res.Errors += r.Errors
+		if res.FirstErr == "" {
+			res.FirstErr = r.FirstErr
+		}
+		for i, n := range r.PerWorker {
+			res.PerWorker[i] += n
+		}
+		for k, s := range r.Server {
+			t := res.Server[k]
+			res.Server[k] = cmdStat{Calls: t.Calls + s.Calls, Usec: t.Usec + s.Usec}
+		}
+		n := float64(r.AllAcq)
+		cpu += float64(r.CPU) * n
+		bursts += r.Bursts * n
+		commands += r.Commands * n
+		executed += r.Executed * n
+	}
+	n := float64(res.AllAcq)
+	res.CPU = time.Duration(cpu / n)
+	res.Bursts, res.Commands, res.Executed = bursts/n, commands/n, executed/n
+	res.Spread = workerSpread(res.PerWorker)
+	return res
 }
 
 type acqRecord struct {
@@ -241,12 +286,18 @@ func (res *contendedResult) addTimes(all []acqRecord, workers int) error {
 	res.WaitP50 = percentile(waits, 0.5)
 	res.WaitP99 = percentile(waits, 0.99)
 	res.WaitMax = waits[len(waits)-1]
-	fewest, most := slices.Min(res.PerWorker), slices.Max(res.PerWorker)
-	res.Spread = -1 // a worker that never acquired: unbounded
-	if fewest > 0 {
-		res.Spread = float64(most) / float64(fewest)
-	}
+	res.Spread = workerSpread(res.PerWorker)
 	return nil
+}
+
+// workerSpread is the most over the fewest acquisitions of one worker; -1 (a
+// worker that never acquired) for unbounded.
+func workerSpread(perWorker []int) float64 {
+	fewest, most := slices.Min(perWorker), slices.Max(perWorker)
+	if fewest == 0 {
+		return -1
+	}
+	return float64(most) / float64(fewest)
 }
 
 // addCost fills in what Redis did per acquisition, drain included.

@@ -42,29 +42,30 @@ import (
 
 // durations of one run.
 type plan struct {
-	Short         bool
-	Floor         time.Duration
-	Rounds        int
-	RoundTime     time.Duration // uncontended, per variant and round
-	Nested        time.Duration
-	ContendedTime time.Duration // window per variant
-	HeldLocks     int
-	HeldLease     time.Duration
-	TakeLimit     time.Duration // held scenario: time allowed for taking the locks
-	ScaleRounds   int           // scale: rounds per variant and size
-	ScaleTime     time.Duration // scale: window of one round
-	AwaitLoad     float64       // the 1-minute load waited for before starting, 0 for none
+	Short           bool
+	Floor           time.Duration
+	Rounds          int
+	RoundTime       time.Duration // uncontended, per variant and round
+	Nested          time.Duration
+	ContendedTime   time.Duration // window per variant, all rounds together
+	ContendedRounds int           // contended: rounds per variant, the variants interleaved
+	HeldLocks       int
+	HeldLease       time.Duration
+	TakeLimit       time.Duration // held scenario: time allowed for taking the locks
+	ScaleRounds     int           // scale: rounds per variant and size
+	ScaleTime       time.Duration // scale: window of one round
+	AwaitLoad       float64       // the 1-minute load waited for before starting, 0 for none
 }
 
 func fullPlan() plan {
 	return plan{Rounds: 10, RoundTime: 300 * time.Millisecond, Nested: 2 * time.Second,
-		ContendedTime: 6 * time.Second, HeldLocks: 10000, HeldLease: 2 * time.Second, TakeLimit: 30 * time.Second,
+		ContendedTime: 6 * time.Second, ContendedRounds: 3, HeldLocks: 10000, HeldLease: 2 * time.Second, TakeLimit: 30 * time.Second,
 		ScaleRounds: 3, ScaleTime: time.Second}
 }
 
 func shortPlan() plan {
 	return plan{Short: true, Rounds: 5, RoundTime: 100 * time.Millisecond,
-		Nested: 500 * time.Millisecond, ContendedTime: 1500 * time.Millisecond, HeldLocks: 1000,
+		Nested: 500 * time.Millisecond, ContendedTime: 1500 * time.Millisecond, ContendedRounds: 1, HeldLocks: 1000,
 		HeldLease: time.Second, TakeLimit: 3 * time.Second, ScaleRounds: 1, ScaleTime: 200 * time.Millisecond}
 }
 

@@ -147,13 +147,28 @@ func (r *results) runNested(vs []variant, srv *server) {
 	}
 }
 
+// runContended measures the contended hand-off in rounds, the variants
+// interleaved, so that the machine growing slower or faster during the run
+// does not favour the variant measured while it was quiet (see mergeRounds).
 func (r *results) runContended(vs []variant, srv *server) {
+	rounds := max(1, r.Plan.ContendedRounds)
+	window := r.Plan.ContendedTime / time.Duration(rounds)
+	byName := map[string][]contendedResult{}
+	for range rounds {
+		for _, v := range vs {
+			c, err := contended(v, srv, window)
+			if err != nil {
+				r.problem(v, "contended", err)
+				continue
+			}
+			byName[v.name] = append(byName[v.name], c)
+		}
+	}
 	for _, v := range vs {
-		c, err := contended(v, srv, r.Plan.ContendedTime)
-		if err != nil {
-			r.problem(v, "contended", err)
+		if len(byName[v.name]) == 0 {
 			continue
 		}
+		c := mergeRounds(byName[v.name])
 		r.Contended[v.name] = &c
 		if c.Overlaps > 0 {
 			r.Violations = append(r.Violations, fmt.Sprintf("%s: contended: %d acquisitions overlapped another holder", v.name, c.Overlaps))
@@ -161,8 +176,8 @@ func (r *results) runContended(vs []variant, srv *server) {
 		if c.Errors > 0 {
 			r.Problems = append(r.Problems, fmt.Sprintf("%s: contended: %d errors, first: %s", v.name, c.Errors, c.FirstErr))
 		}
-		r.logf("contended %-17s %6.0f acq/s util %5.1f%% p99 %v max %v", v.name, c.PerSecond, 100*c.Utilisation,
-			c.WaitP99.Round(time.Microsecond), c.WaitMax.Round(time.Microsecond))
+		r.logf("contended %-17s %6.0f acq/s util %5.1f%% %v p99 %v max %v", v.name, c.PerSecond, 100*c.Utilisation,
+			c.Rounds, c.WaitP99.Round(time.Microsecond), c.WaitMax.Round(time.Microsecond))
 	}
 }
 
