@@ -17,6 +17,6 @@ if fence_key then
   if type(f) ~= 'number' then return 0 end -- acquire.lua names the error
 --#include seed.lua
 end
-redis.call('hset', KEYS[1], ARGV[1], 1)
+redis.call('hset', KEYS[1], ARGV[1], '1')
 redis.call('pexpire', KEYS[1], ARGV[2])
 return f
