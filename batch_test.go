@@ -277,7 +277,7 @@ type tryResult struct {
 
 // TestBatchErrorsPerCall sends, in one pipeline, TryLocks of a free lock, a
 // lock another Client holds and a key of another type, and a release whose
-// script the server no longer has (SCRIPT FLUSH, then only lock.lua and
+// script the server no longer has (SCRIPT FLUSH, then only quick_lock.lua and
 // acquire.lua loaded again): each caller gets its own outcome, and only the
 // release is resent with EVAL.
 func TestBatchErrorsPerCall(t *testing.T) {
@@ -344,7 +344,7 @@ func TestBatchErrorsPerCall(t *testing.T) {
 			case strings.HasPrefix(call, "release:"):
 				n = 2 // EVALSHA, NOSCRIPT, EVAL
 			case slices.Contains(notFree, call):
-				n = 2 // lock.lua, then acquire.lua
+				n = 2 // quick_lock.lua, then acquire.lua
 			}
 			if got := countOf(g.seen, call); got != n {
 				t.Errorf("%s sent %d times, want %d", call, got, n)

@@ -81,15 +81,16 @@
 // Redis pays about as much for each argument of a script call, and for a
 // table it returns, as for a command the script runs. So for a lock that the
 // Client has not seen contended in the last second, a DistMutex sends those
-// paths alone,
-// as lock.lua (KEYS hash and queue, plus the fence counter WithFencing; ARGV
-// owner and lease; it answers the fence token, or 0 for anything but a free
-// lock) and unlock.lua (KEYS hash and queue, ARGV owner; it answers -1 and
-// does nothing when somebody waits). Either one that finds more than it can
-// do hands over to acquire or release, in a second call; a lock seen
-// contended (a busy reply, a waiter, a hand-off) is sent those at once. The
-// uncontended paths do not read the queue's liveness key: foreign data there
-// is reported by the first call that needs it.
+// paths alone, as quick_lock.lua (KEYS hash and queue, plus the fence counter
+// WithFencing; ARGV owner and lease; it answers the fence token, or -1 for
+// anything but a free lock) and quick_unlock.lua (KEYS hash and queue, ARGV
+// owner; it answers -1 and does nothing when somebody waits); a
+// DistRWMutex's readers send quick_rlock.lua and quick_runlock.lua alike.
+// Either one that finds more than it can do hands over to the full script,
+// in a second call; a lock seen contended (a busy reply, a waiter, a
+// hand-off) is sent the full scripts at once. The uncontended paths do not
+// read the queue's liveness key: foreign data there is reported by the first
+// call that needs it.
 //
 // Every call is safe to apply twice (go-redis resends a call whose reply was
 // lost): scripts set absolute hold counts, and an acquire that finds its own

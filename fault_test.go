@@ -484,8 +484,8 @@ func TestFaultConnectionReset(t *testing.T) {
 	lock := func() error { m.Lock(); return nil }
 	unlock := func() error { m.Unlock(); return nil }
 	acquireSHA, releaseSHA := mutexScripts.acquire.Hash(), mutexScripts.release.Hash()
-	// The Context forms go the uncontended way (lock.lua, unlock.lua: a
-	// resent lock.lua finds the hash and hands over to acquire.lua), the
+	// The Context forms go the uncontended way (quick_lock.lua, quick_unlock.lua: a
+	// resent quick_lock.lua finds the hash and hands over to acquire.lua), the
 	// others the contended way (acquire.lua, release.lua).
 	calm := func() { m.spec.quick.until.Store(0) }
 	contended := func() { m.spec.quick.until.Store(math.MaxInt64) }

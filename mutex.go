@@ -193,9 +193,7 @@ func (c *Client) newSpec(name string, cfg mutexConfig, kind lockKind) lockSpec {
 		s.sc, s.flag, s.unheld = writeScripts, "w", "remutex: Unlock of unlocked DistRWMutex"
 	}
 	s.home = s.keys[0]
-	if kind == kindMutex {
-		s.quick = c.newQuick(s.keys)
-	}
+	s.quick = c.newQuick(kind, s.keys)
 	if kind == kindRead {
 		s.home = s.keys[4]
 		s.sc, s.flag, s.unheld, s.read = readScripts, "r", "remutex: RUnlock of unlocked DistRWMutex", true

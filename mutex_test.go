@@ -501,7 +501,7 @@ func TestWrongType(t *testing.T) {
 }
 
 // TestUncontendedPathIgnoresLivenessKey: the uncontended scripts read the
-// hash and the queue only. Foreign data at the queue's liveness key does not
+// hash (a read/write lock's writer hash and readers) and the queue only. Foreign data at the queue's liveness key does not
 // stop a free lock from being taken and released, and is left as it was;
 // the first call that needs the key reports it (TestWrongType).
 func TestUncontendedPathIgnoresLivenessKey(t *testing.T) {
@@ -517,6 +517,15 @@ func TestUncontendedPathIgnoresLivenessKey(t *testing.T) {
 		require.NoError(t, m.UnlockContext(ctx))
 		assert.Equal(t, int64(0), rdb.Exists(ctx, k.hash, k.queue).Val(), "keys left by the cycle")
 		assert.Equal(t, "precious", rdb.Get(ctx, k.alive).Val(), "the data at the liveness key")
+
+		rk := rwKeysOf(name)
+		require.NoError(t, rdb.Set(ctx, rk.alive, "precious", 0).Err())
+		rw := b.client(t).NewRWMutex(name)
+		require.NoError(t, rw.RLockContext(ctx))
+		assert.Equal(t, int64(1), rdb.Exists(ctx, rk.readers).Val(), "the read hold's set")
+		require.NoError(t, rw.RUnlockContext(ctx))
+		assert.Equal(t, int64(0), rdb.Exists(ctx, rk.w, rk.queue, rk.readers).Val(), "keys left by the read cycle")
+		assert.Equal(t, "precious", rdb.Get(ctx, rk.alive).Val(), "the data at the read/write lock's liveness key")
 	})
 }
 

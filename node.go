@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -29,7 +30,8 @@ var (
 	raiseScript = loadScript("raise")
 
 	// A DistMutex's uncontended cycle (see quick).
-	quickLock, quickUnlock = loadScript("lock"), loadScript("unlock")
+	quickLock, quickUnlock   = loadScript("quick_lock"), loadScript("quick_unlock")
+	quickRLock, quickRUnlock = loadScript("quick_rlock"), loadScript("quick_runlock")
 
 	// The scripts of each kind of lock: a DistMutex, and the write and read
 	// sides of a DistRWMutex.
@@ -124,7 +126,7 @@ type acquireReq struct {
 	lease      interface{} // ms; "0" keeps the TTL (nested, WithoutRenewal)
 	fence      fenceMode
 	waitID     interface{} // "" never queues (TryLock)
-	quick      bool        // an attempt's first call: lock.lua may do, if the lock is calm
+	quick      bool        // an attempt's first call: quick_lock.lua may do, if the lock is calm
 }
 
 // backend is where a Client's locks live: one Redis deployment (node) or a
@@ -188,11 +190,12 @@ type lockSpec struct {
 	fence    fenceMode
 	read     bool   // the read side of a DistRWMutex
 	unheld   string // the panic of an unlock that holds nothing
-	quick    *quick // a DistMutex's uncontended cycle; nil for a DistRWMutex
+	quick    *quick // the uncontended cycle; nil for a DistRWMutex's write side
 }
 
-// quick is what a DistMutex sends for its uncontended cycle: lock.lua and
-// unlock.lua, the free paths of acquire.lua and release.lua alone, on the
+// quick is what a DistMutex, or a DistRWMutex's read side, sends for its
+// uncontended cycle: quick_lock.lua and quick_unlock.lua (quick_rlock.lua
+// and quick_runlock.lua), the free paths of the full scripts alone, on the
 // keys they read, with the owner and the lease as their only arguments.
 // Redis pays about as much per argument of a script call as per command the
 // script runs, so the cycle then costs it little more than a SET NX PX and a
@@ -201,6 +204,7 @@ type lockSpec struct {
 // contendedFor, so that a contended lock does not pay two calls where one
 // does.
 type quick struct {
+	lock, unlock                     *luaScript
 	lockKeys, fencedKeys, unlockKeys []interface{}
 	until                            *atomic.Int64 // unix ns: contended until then (Client.contended)
 }
@@ -208,14 +212,26 @@ type quick struct {
 // contendedFor is how long a lock seen contended is sent the full scripts.
 const contendedFor = time.Second
 
-func (c *Client) newQuick(keys []string) *quick {
+// newQuick returns the uncontended cycle of a lock of the given kind and
+// keys (see lockKeys, rwKeys), or nil where there is none.
+func (c *Client) newQuick(kind lockKind, keys []string) *quick {
 	hash, fence, queue := keys[0], keys[1], keys[2]
-	h := uint32(2166136261) // FNV-1a
+	h := uint32(2166136261) // FNV-1a of the hash: both sides of a read/write lock share it
 	for i := 0; i < len(hash); i++ {
 		h = (h ^ uint32(hash[i])) * 16777619
 	}
-	return &quick{lockKeys: []interface{}{hash, queue}, fencedKeys: []interface{}{hash, queue, fence},
+	q := &quick{lock: quickLock, unlock: quickUnlock, lockKeys: []interface{}{hash, queue},
 		unlockKeys: []interface{}{hash, queue}, until: &c.contended[h%uint32(len(c.contended))]}
+	switch kind {
+	case kindWrite:
+		return nil
+	case kindRead:
+		readers := keys[4]
+		q.lock, q.unlock = quickRLock, quickRUnlock
+		q.lockKeys, q.unlockKeys = []interface{}{hash, queue, readers}, []interface{}{readers, queue}
+	}
+	q.fencedKeys = append(slices.Clip(q.lockKeys), fence)
+	return q
 }
 
 // calm says whether the lock has not been seen contended lately.
@@ -447,14 +463,15 @@ func (n *node) acquire(ctx context.Context, s *lockSpec, r acquireReq) (reply, e
 	return n.ackedAcquire(ctx, s, r.owner, args)
 }
 
-// quickLock runs lock.lua: granted with the fence token (0 without
-// fencing), or not (the lock is not free), the lock then marked contended.
+// quickLock runs the lock's quick_lock.lua or quick_rlock.lua: granted with
+// the fence token (0 without fencing), or not (the lock is not free), the
+// lock then marked contended.
 func (n *node) quickLock(ctx context.Context, s *lockSpec, r acquireReq) (granted bool, fence int64, err error) {
 	keys := s.quick.lockKeys
 	if r.fence != fenceOff {
 		keys = s.quick.fencedKeys
 	}
-	v, err := n.evalOn(ctx, keys, quickLock, r.owner, r.lease)
+	v, err := n.evalOn(ctx, keys, s.quick.lock, r.owner, r.lease)
 	if err != nil {
 		return false, 0, err
 	}
@@ -462,11 +479,9 @@ func (n *node) quickLock(ctx context.Context, s *lockSpec, r acquireReq) (grante
 	switch {
 	case err != nil:
 		return false, 0, err
-	case f == 0:
+	case f < 0:
 		s.quick.contended()
 		return false, 0, nil
-	case r.fence == fenceOff:
-		f = 0
 	}
 	return true, f, nil
 }
@@ -521,7 +536,7 @@ func (n *node) masterFor(ctx context.Context, key string) (target, error) {
 
 func (n *node) release(ctx context.Context, s *lockSpec, owner interface{}, want int, lease interface{}) (int64, error) {
 	if want == 0 && s.quick.calm() {
-		v, err := n.evalOn(ctx, s.quick.unlockKeys, quickUnlock, owner)
+		v, err := n.evalOn(ctx, s.quick.unlockKeys, s.quick.unlock, owner)
 		if err != nil {
 			return 0, err
 		}

@@ -433,7 +433,7 @@ func (l *errorLog) await(t testing.TB, target error, timeout time.Duration, what
 }
 
 // scriptNames maps the SHA1 of each of the library's scripts to its name.
-// The uncontended cycle's scripts (lock.lua, unlock.lua) are the free paths
+// The uncontended cycle's scripts (quick_lock.lua, quick_unlock.lua) are the free paths
 // of acquire.lua and release.lua, and count as those.
 var scriptNames = map[string]string{
 	mutexScripts.acquire.Hash(): "acquire",
@@ -442,6 +442,29 @@ var scriptNames = map[string]string{
 	quickUnlock.Hash():          "release",
 	mutexScripts.leave.Hash():   "leave",
 	renewScript.Hash():          "renew",
+}
+
+// quickCall says whether cmd runs one of the uncontended cycle's scripts.
+func quickCall(cmd redis.Cmder) bool {
+	args := cmd.Args()
+	if len(args) < 2 {
+		return false
+	}
+	sha := fmt.Sprint(args[1])
+	switch strings.ToLower(fmt.Sprint(args[0])) {
+	case "eval":
+		sum := sha1.Sum([]byte(sha))
+		sha = hex.EncodeToString(sum[:])
+	case "evalsha":
+	default:
+		return false
+	}
+	for _, s := range []*luaScript{quickLock, quickUnlock, quickRLock, quickRUnlock} {
+		if s.Hash() == sha {
+			return true
+		}
+	}
+	return false
 }
 
 // scriptCall reports which of the library's scripts cmd runs (EVALSHA or

@@ -1,5 +1,5 @@
--- unlock: the final release of release.lua when nobody waits, alone, for a
--- DistMutex that has not seen its lock contended lately (see lock.lua).
+-- quick_unlock: the final release of release.lua when nobody waits, alone,
+-- for a lock its Client has not seen contended lately (see quick_lock.lua).
 --
 -- KEYS = hash, queue. ARGV = owner.
 -- Returns 1 done; 0 not held (see release.lua on a resend); -1 somebody

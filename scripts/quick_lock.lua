@@ -1,20 +1,20 @@
--- lock: the free path of acquire.lua alone, for a DistMutex that has not
--- seen its lock contended lately. Redis pays about as much per argument of a
+-- quick_lock: the free path of acquire.lua alone, for a lock its Client has
+-- not seen contended lately. Redis pays about as much per argument of a
 -- script call, and per table it returns, as per command the script runs: so
 -- this call passes only the keys it reads and the two arguments it writes,
 -- and answers a number. Anything but a free lock is left to acquire.lua.
 --
 -- KEYS = hash, queue (see acquire.lua), and the fence counter WithFencing.
 -- ARGV = owner, lease ms.
--- Returns the fence token (1 without fencing) when the hash and the queue
--- were missing and the owner's count is now 1; 0 otherwise, having written
+-- Returns the fence token (0 without fencing) when the hash and the queue
+-- were missing and the owner's count is now 1; -1 otherwise, having written
 -- nothing (a fence token may be spent).
-if redis.call('exists', KEYS[1], KEYS[2]) ~= 0 then return 0 end
-local f = 1
+if redis.call('exists', KEYS[1], KEYS[2]) ~= 0 then return -1 end
+local f = 0
 local fence_key = KEYS[3]
 if fence_key then
   f = redis.pcall('incr', fence_key)
-  if type(f) ~= 'number' then return 0 end -- acquire.lua names the error
+  if type(f) ~= 'number' then return -1 end -- acquire.lua names the error
 --#include seed.lua
 end
 redis.call('hset', KEYS[1], ARGV[1], '1')
