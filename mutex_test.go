@@ -509,23 +509,23 @@ func TestUncontendedPathIgnoresLivenessKey(t *testing.T) {
 		ctx := context.Background()
 		rdb := b.rdb(t)
 		name := lockName(t)
-		k := keysOf(name)
-		require.NoError(t, rdb.Set(ctx, k.alive, "precious", 0).Err())
-		m := b.client(t).NewMutex(name)
-		require.NoError(t, m.LockContext(ctx))
-		assert.Equal(t, int64(1), rdb.Exists(ctx, k.hash).Val(), "the hold's hash")
-		require.NoError(t, m.UnlockContext(ctx))
-		assert.Equal(t, int64(0), rdb.Exists(ctx, k.hash, k.queue).Val(), "keys left by the cycle")
-		assert.Equal(t, "precious", rdb.Get(ctx, k.alive).Val(), "the data at the liveness key")
-
-		rk := rwKeysOf(name)
-		require.NoError(t, rdb.Set(ctx, rk.alive, "precious", 0).Err())
-		rw := b.client(t).NewRWMutex(name)
-		require.NoError(t, rw.RLockContext(ctx))
-		assert.Equal(t, int64(1), rdb.Exists(ctx, rk.readers).Val(), "the read hold's set")
-		require.NoError(t, rw.RUnlockContext(ctx))
-		assert.Equal(t, int64(0), rdb.Exists(ctx, rk.w, rk.queue, rk.readers).Val(), "keys left by the read cycle")
-		assert.Equal(t, "precious", rdb.Get(ctx, rk.alive).Val(), "the data at the read/write lock's liveness key")
+		k, rk := keysOf(name), rwKeysOf(name)
+		m, rw := b.client(t).NewMutex(name), b.client(t).NewRWMutex(name)
+		for _, tc := range []struct {
+			lock, unlock func(context.Context) error
+			alive, hold  string
+			keys         []string // none left after the cycle
+		}{
+			{m.LockContext, m.UnlockContext, k.alive, k.hash, []string{k.hash, k.queue}},
+			{rw.RLockContext, rw.RUnlockContext, rk.alive, rk.readers, []string{rk.w, rk.queue, rk.readers}},
+		} {
+			require.NoError(t, rdb.Set(ctx, tc.alive, "precious", 0).Err())
+			require.NoError(t, tc.lock(ctx))
+			assert.Equal(t, int64(1), rdb.Exists(ctx, tc.hold).Val(), "the hold's key %s", tc.hold)
+			require.NoError(t, tc.unlock(ctx))
+			assert.Equal(t, int64(0), rdb.Exists(ctx, tc.keys...).Val(), "keys left by the cycle: %v", tc.keys)
+			assert.Equal(t, "precious", rdb.Get(ctx, tc.alive).Val(), "the data at %s", tc.alive)
+		}
 	})
 }
 
