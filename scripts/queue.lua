@@ -11,7 +11,9 @@ local ttl, claim, chan = string.match(ARGV[#ARGV], '^(%d+) (%d+) (.*)$')
 
 -- Numbers reach Redis commands and messages as text, and Lua 5.1 would
 -- write one of 16 digits in exponent form: %.0f keeps every digit.
+-- (No fence, 0, is the common case: it needs no formatting.)
 local function digits(x)
+  if x == 0 then return '0' end
   return string.format('%.0f', x)
 end
 
@@ -167,7 +169,7 @@ local function grant_head(now, force)
   drop_entry(head)
   local f = 0
   if fencing ~= '0' then f = next_fence() end
-  redis.call('hset', KEYS[1], owner, 1)
+  redis.call('hset', KEYS[1], owner, '1')
   redis.call('pexpire', KEYS[1], claim)
   redis.pcall(pub, channel, 'g ' .. digits(f) .. ' ' .. head)
   return 2

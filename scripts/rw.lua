@@ -123,7 +123,7 @@ local function grant_rw(now)
   drop_entry(head)
   local f = 0
   if flag == 'W' then f = next_fence() end
-  redis.call('hset', W, owner, 1)
+  redis.call('hset', W, owner, '1')
   redis.call('pexpire', W, claim)
   tell('g', f, head, flag, owner)
   return 2
