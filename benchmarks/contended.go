@@ -44,25 +44,28 @@ type contendedResult struct {
 	AllAcq       int // acquisitions including the drain after the window
 	FirstErr     string
 	Rounds       []float64 // utilisation of each round, in %
+
+	waits []time.Duration // every acquisition's, sorted (merged across rounds)
 }
 
-// mergeRounds sums up the rounds of one variant. Rate, utilisation, gap and
-// median wait are the round's of the median utilisation; wait p99 and max
-// are the worst round's; acquisitions per worker, overlaps and errors are
-// summed, and what Redis did is per acquisition over all rounds.
+// mergeRounds sums up the rounds of one variant. Rate, utilisation and gap
+// are the round's of the median utilisation; the wait percentiles are of
+// all rounds' acquisitions together, as in one long window; acquisitions per
+// worker, overlaps and errors are summed, and what Redis did is per
+// acquisition over all rounds.
 func mergeRounds(rs []contendedResult) contendedResult {
 	byUtil := slices.Clone(rs)
 	slices.SortFunc(byUtil, func(a, b contendedResult) int { return cmp.Compare(a.Utilisation, b.Utilisation) })
 	m := byUtil[len(byUtil)/2]
 	res := contendedResult{PerSecond: m.PerSecond, Utilisation: m.Utilisation, GapMean: m.GapMean, GapP50: m.GapP50,
-		WaitP50: m.WaitP50, PerWorker: make([]int, len(m.PerWorker)), Server: map[string]cmdStat{}}
+		PerWorker: make([]int, len(m.PerWorker)), Server: map[string]cmdStat{}}
 	var cpu, bursts, commands, executed float64
 	for _, r := range rs {
 		res.Rounds = append(res.Rounds, math.Round(1000*r.Utilisation)/10)
 		res.Window += r.Window
 		res.Acquisitions += r.Acquisitions
 		res.AllAcq += r.AllAcq
-		res.WaitP99, res.WaitMax = max(res.WaitP99, r.WaitP99), max(res.WaitMax, r.WaitMax)
+		res.waits = append(res.waits, r.waits...)
 		res.Overlaps += r.Overlaps
 		res.Errors += r.Errors
 		if res.FirstErr == "" {
@@ -85,7 +88,16 @@ func mergeRounds(rs []contendedResult) contendedResult {
 	res.CPU = time.Duration(cpu / n)
 	res.Bursts, res.Commands, res.Executed = bursts/n, commands/n, executed/n
 	res.Spread = workerSpread(res.PerWorker)
+	res.setWaits()
 	return res
+}
+
+// setWaits sorts the waits and takes their percentiles.
+func (res *contendedResult) setWaits() {
+	slices.Sort(res.waits)
+	res.WaitP50 = percentile(res.waits, 0.5)
+	res.WaitP99 = percentile(res.waits, 0.99)
+	res.WaitMax = res.waits[len(res.waits)-1]
 }
 
 type acqRecord struct {
@@ -258,12 +270,11 @@ func (res *contendedResult) addTimes(all []acqRecord, workers int) error {
 	window := res.Window
 	res.PerWorker = make([]int, workers)
 	var (
-		held  time.Duration
-		waits []time.Duration
-		gaps  []time.Duration
+		held time.Duration
+		gaps []time.Duration
 	)
 	for i, r := range all {
-		waits = append(waits, r.t1-r.t0)
+		res.waits = append(res.waits, r.t1-r.t0)
 		if r.t1 >= window {
 			continue
 		}
@@ -282,10 +293,7 @@ func (res *contendedResult) addTimes(all []acqRecord, workers int) error {
 	res.GapMean = mean(gaps)
 	slices.Sort(gaps)
 	res.GapP50 = percentile(gaps, 0.5)
-	slices.Sort(waits)
-	res.WaitP50 = percentile(waits, 0.5)
-	res.WaitP99 = percentile(waits, 0.99)
-	res.WaitMax = waits[len(waits)-1]
+	res.setWaits()
 	res.Spread = workerSpread(res.PerWorker)
 	return nil
 }

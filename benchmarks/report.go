@@ -157,8 +157,8 @@ func (w *page) contended(r *results) {
 		"fewest acquisitions of one worker; *overlaps* counts holders that found another holder inside (must be 0); "+
 		"*errors* counts Lock and Unlock calls that failed (a Lock that failed is tried again). "+
 		"Per acquisition: round trips of all clients, commands, Redis CPU (INFO cpu, user+sys). "+
-		"acq/s, util, gap and wait p50 are the round's with the median util (all rounds' util in brackets); "+
-		"wait p99 and max the worst round's; spread, overlaps, errors and the costs cover all rounds.\n\n",
+		"acq/s, util and gap are the round's with the median util (all rounds' util in brackets); "+
+		"waits, spread, overlaps, errors and the costs cover all rounds.\n\n",
 		contClients, contPerClient, r.Plan.ContendedTime, max(1, r.Plan.ContendedRounds), contCritical, contPause, us(rtt))
 	w.p("| library | acq/s | util %% | gap µs | gap RTT | wait p50 ms | wait p99 ms | wait max ms | spread | overlaps | errors | round trips/acq | commands/acq | executed/acq | Redis CPU µs/acq | remutex ÷ this (CPU) |\n")
 	w.p("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
