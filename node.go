@@ -27,7 +27,7 @@ var (
 	renewScript = loadScript("renew")
 	raiseScript = loadScript("raise")
 
-	// A DistMutex's uncontended cycle (see quick).
+	// The uncontended cycle of a DistMutex and of a DistRWMutex's readers (see quick).
 	quickLock, quickUnlock   = loadScript("quick_lock"), loadScript("quick_unlock")
 	quickRLock, quickRUnlock = loadScript("quick_rlock"), loadScript("quick_runlock")
 
