@@ -237,6 +237,32 @@ func TestRegister(t *testing.T) {
 	}
 }
 
+// A refused write names the write whose fence it fell below: the highest
+// among those that began before it, not merely the last.
+func TestRegisterRefusedNamesItsCause(t *testing.T) {
+	ctx := ctx(t)
+	r := NewRegister(t)
+	for _, w := range []struct {
+		fence  int64
+		writer string
+		want   bool
+	}{{5, "a", true}, {7, "b", true}, {7, "c", true}, {6, "d", false}} {
+		if ok, err := r.Write(ctx, w.fence, w.writer); ok != w.want || err != nil {
+			t.Fatalf("write %d by %s: got (%v, %v), want (%v, nil)", w.fence, w.writer, ok, err, w.want)
+		}
+	}
+	_, found := r.Anomalies(t)
+	var refused []Anomaly
+	for _, a := range found {
+		if a.Kind == Refused {
+			refused = append(refused, a)
+		}
+	}
+	if len(refused) != 1 || refused[0].B.Writer != "d" || refused[0].A.Writer != "b" || refused[0].A.Fence != 7 {
+		t.Fatalf("refused: got %v, want d's write below b's fence 7", refused)
+	}
+}
+
 func TestRegisterCheckSections(t *testing.T) {
 	r := NewRegister(t)
 	r.Enter("a", 1)()

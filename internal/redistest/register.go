@@ -213,7 +213,10 @@ func parseWrite(l string) (Write, error) {
 // have kept apart, or a write the register refused.
 type Anomaly struct {
 	Kind AnomalyKind
-	A, B Write // B is the later write; a refused write is B alone
+	// B is the later write. For a refused write, A is the write with the
+	// highest fence among those that began before it: the one whose fence
+	// it fell below (zero if none did).
+	A, B Write
 }
 
 // AnomalyKind says what is wrong.
@@ -228,7 +231,7 @@ const (
 
 func (a Anomaly) String() string {
 	if a.Kind == Refused {
-		return fmt.Sprintf("%s: %v", a.Kind, a.B)
+		return fmt.Sprintf("%s: %v, below %v", a.Kind, a.B, a.A)
 	}
 	return fmt.Sprintf("%s: %v and %v", a.Kind, a.A, a.B)
 }
@@ -238,14 +241,21 @@ func (a Anomaly) String() string {
 // record what a deployment does rather than assert that nothing happens.
 func (r *Register) Anomalies(t testing.TB) (accepted []Write, found []Anomaly) {
 	t.Helper()
-	for _, w := range r.Log(t) {
+	log := r.Log(t)
+	sort.SliceStable(log, func(i, j int) bool { return log[i].Start < log[j].Start })
+	var top Write // the highest fence among the writes that began so far
+	for _, w := range log {
 		if w.OK {
 			accepted = append(accepted, w)
+		} else if w.Fence < top.Fence {
+			found = append(found, Anomaly{Kind: Refused, A: top, B: w})
 		} else {
 			found = append(found, Anomaly{Kind: Refused, B: w})
 		}
+		if w.Fence > top.Fence {
+			top = w
+		}
 	}
-	sort.SliceStable(accepted, func(i, j int) bool { return accepted[i].Start < accepted[j].Start })
 	for i := 1; i < len(accepted); i++ {
 		a, b := accepted[i-1], accepted[i]
 		switch {
