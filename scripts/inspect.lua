@@ -25,7 +25,7 @@ end
 local t = redis.call('time')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local waiters = {}
-local queue = redis.call('zrange', KEYS[3], 0, -1, 'withscores')
+local queue = redis.call('zrange', KEYS[3], '0', '-1', 'withscores')
 for i = 1, #queue, 2 do
   local deadline = redis.call('zscore', KEYS[4], queue[i])
   if deadline and tonumber(deadline) > now then

@@ -9,12 +9,15 @@ local starve, pub = string.match(ARGV[#ARGV - 1], '^(%-?%d+) (%a+)$')
 starve = tonumber(starve)
 local ttl, claim, chan = string.match(ARGV[#ARGV], '^(%d+) (%d+) (.*)$')
 
--- Numbers reach Redis commands and messages as text, and Lua 5.1 would
--- write one of 16 digits in exponent form: %.0f keeps every digit.
--- (No fence, 0, is the common case: it needs no formatting.)
+-- Numbers reach Redis commands and messages as text. Handed over as Lua
+-- numbers, each would be written with a floating-point format (Lua 5.1's
+-- %.14g even loses digits of a µs timestamp; redis.call's %.17g is among
+-- the costliest things a script here does): integers go as %d, which
+-- writes every digit of a 64-bit integer. (No fence, 0, is the common
+-- case: it needs no formatting.)
 local function digits(x)
   if x == 0 then return '0' end
-  return string.format('%.0f', x)
+  return string.format('%d', x)
 end
 
 -- Server time in µs. Scripts replicate their effects, so TIME is allowed.
@@ -102,7 +105,7 @@ end
 -- error reply for a queue key of another type (the queue itself is looked
 -- at only with check: a release frees the lock whatever it holds).
 local function prune(now, check)
-  local dead, bad = zcall('zrangebyscore', alive, '-inf', math.floor(now / 1000))
+  local dead, bad = zcall('zrangebyscore', alive, '-inf', digits(math.floor(now / 1000)))
   if bad then return bad end
   if check then
     local _, qbad = zcall('zcard', KEYS[3])
@@ -115,7 +118,7 @@ end
 
 -- The queue's first entry and its arrival time, or nil (call prune first).
 local function queue_head()
-  local h = redis.pcall('zrange', KEYS[3], 0, 0, 'withscores')
+  local h = redis.pcall('zrange', KEYS[3], '0', '0', 'withscores')
   if h.err then return nil end
   return h[1], tonumber(h[2])
 end
@@ -129,12 +132,13 @@ end
 -- reply for a queue key of another type.
 local function enqueue(entry, now, ttl)
   local ms = math.floor(now / 1000)
-  local top, bad = zcall('zrange', alive, -1, -1, 'withscores')
+  local top, bad = zcall('zrange', alive, '-1', '-1', 'withscores')
   if bad then return bad end
   local _, qbad = zcall('zadd', KEYS[3], 'NX', digits(now), entry)
   if qbad then return qbad end
-  redis.call('zadd', alive, ms + ttl, entry)
+  redis.call('zadd', alive, digits(ms + ttl), entry)
   local keep = math.max(tonumber(top[2] or 0) - ms, ttl, 1)
+  keep = digits(keep)
   redis.call('pexpire', KEYS[3], keep)
   redis.call('pexpire', alive, keep)
   return nil

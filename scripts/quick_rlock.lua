@@ -16,7 +16,7 @@ if KEYS[4] then
   if not f then return -1 end -- rlock.lua names the error
 end
 local t = redis.call('time')
-local r = redis.pcall('zadd', KEYS[3], t[1] * 1000 + math.floor(t[2] / 1000) + ARGV[2], ARGV[1])
+local r = redis.pcall('zadd', KEYS[3], string.format('%d', t[1] * 1000 + math.floor(t[2] / 1000) + ARGV[2]), ARGV[1])
 if type(r) ~= 'number' then return -1 end
 if alone or redis.call('pttl', KEYS[3]) < tonumber(ARGV[2]) then redis.call('pexpire', KEYS[3], ARGV[2]) end
 return f

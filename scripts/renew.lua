@@ -16,8 +16,8 @@ for i = 1, #KEYS do
     local d = redis.pcall('zscore', KEYS[i], owner)
     if type(d) == 'string' and tonumber(d) > ms then
       local l = tonumber(string.sub(lease, 2))
-      redis.call('zadd', KEYS[i], ms + l, owner)
-      if redis.call('pttl', KEYS[i]) < l then redis.call('pexpire', KEYS[i], l) end
+      redis.call('zadd', KEYS[i], string.format('%d', ms + l), owner)
+      if redis.call('pttl', KEYS[i]) < l then redis.call('pexpire', KEYS[i], string.sub(lease, 2)) end
       res[i] = 1
     end
   elseif redis.pcall('hexists', KEYS[i], owner) == 1 then

@@ -20,7 +20,7 @@ if have == '0' and redis.call('exists', KEYS[1], queue, KEYS[4]) == 0 then
   if fencing ~= '0' then f = tonumber(redis.pcall('get', KEYS[2]) or '0') end
   if f then
     local t = redis.call('time')
-    local r = redis.pcall('zadd', R, t[1] * 1000 + math.floor(t[2] / 1000) + lease, owner)
+    local r = redis.pcall('zadd', R, string.format('%d', t[1] * 1000 + math.floor(t[2] / 1000) + lease), owner)
     if type(r) == 'number' then
       if redis.call('pttl', R) < tonumber(lease) then redis.call('pexpire', R, lease) end
       return {1, f}

@@ -16,7 +16,7 @@ if want ~= '0' then
   local ms = t[1] * 1000 + math.floor(t[2] / 1000)
   if tonumber(d) <= ms then return 0 end
   if ARGV[3] ~= '0' then
-    redis.call('zadd', R, ms + ARGV[3], owner)
+    redis.call('zadd', R, string.format('%d', ms + ARGV[3]), owner)
     if redis.call('pttl', R) < tonumber(ARGV[3]) then redis.call('pexpire', R, ARGV[3]) end
   end
   return 1

@@ -32,7 +32,7 @@ end
 -- Drops the read holds whose deadline passed (their holder stopped
 -- renewing). Returns an error reply for a readers key of another type.
 local function prune_readers(ms)
-  local _, bad = zcall('zremrangebyscore', R, '-inf', ms)
+  local _, bad = zcall('zremrangebyscore', R, '-inf', digits(ms))
   if bad then return type_error(R, 'zset') or bad end
   return nil
 end
@@ -41,8 +41,8 @@ end
 -- as its latest deadline.
 local function add_reader(owner, ms, d)
   d = tonumber(d)
-  redis.call('zadd', R, ms + d, owner)
-  if redis.call('pttl', R) < d then redis.call('pexpire', R, d) end
+  redis.call('zadd', R, digits(ms + d), owner)
+  if redis.call('pttl', R) < d then redis.call('pexpire', R, digits(d)) end
 end
 
 -- The token of the latest write, for a reader that asks (flag 'R' or a
@@ -62,7 +62,7 @@ end
 -- Whether entry is among the readers at the head of the queue (looking at
 -- the first 100 entries).
 local function leads(entry)
-  local batch = redis.call('zrange', KEYS[3], 0, 99)
+  local batch = redis.call('zrange', KEYS[3], '0', '99')
   for i = 1, #batch do
     if batch[i] == entry then return true end
     local claim, flag = parse_entry(batch[i])
@@ -75,7 +75,7 @@ end
 local function grant_readers(now)
   local ms, n = now_ms(now), 0
   while true do
-    local batch = redis.call('zrange', KEYS[3], 0, 99)
+    local batch = redis.call('zrange', KEYS[3], '0', '99')
     for i = 1, #batch do
       local e = batch[i]
       local claim, flag, owner = parse_entry(e)
