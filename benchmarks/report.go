@@ -114,7 +114,7 @@ func (w *page) uncontended(r *results) {
 		return
 	}
 	w.p("## (a, e) Uncontended Lock+Unlock cycle\n\n")
-	w.p("One client, one lock, cycles back to back for %d rounds of %v per library, the rounds interleaved. "+
+	w.p("One client, one lock, cycles back to back for %d rounds of %v per library, the rounds interleaved and each beginning one library further along. "+
 		"*cycle* is the median of the rounds' mean cycle time; *× floor* divides it by two PING round trips. "+
 		"Round trips are write bursts counted on the client's sockets; commands are what clients sent "+
 		"(RESP arrays counted on their sockets), *executed* is what the server ran, counting the commands run inside scripts (INFO commandstats). "+
@@ -150,7 +150,7 @@ func (w *page) contended(r *results) {
 	}
 	rtt := r.Floor.RTT
 	w.p("## (b) Contended hand-off\n\n")
-	w.p("%d clients (separate connection pools) × %d goroutines on one lock for %v, in %d rounds with the libraries interleaved. A holder sleeps %v "+
+	w.p("%d clients (separate connection pools) × %d goroutines on one lock for %v, in %d rounds with the libraries interleaved (each round beginning one library further along). A holder sleeps %v "+
 		"(time.Sleep, so the critical section includes the timer's overshoot) and pauses %v after Unlock. "+
 		"*util* is time held over wall time; *gap* runs from the Unlock call to the next holder's Lock returning "+
 		"(in round trips: ÷ %.1f µs); *wait* runs from the Lock call to its return; *spread* is the most over the "+
@@ -230,7 +230,7 @@ func (w *page) scale(r *results) {
 	}
 	w.p("## (f) Many locks in use at once\n\n")
 	w.p("Clients (separate connection pools) × goroutines, each goroutine cycling Lock+Unlock on a lock of its own, back to back, "+
-		"no contention; %d rounds of %v per library and size, the libraries interleaved. *cycles/s* is the median of the rounds "+
+		"no contention; %d rounds of %v per library and size, the libraries interleaved (each round beginning one library further along). *cycles/s* is the median of the rounds "+
 		"(all rounds in brackets); per cycle: round trips (write bursts on the clients' sockets), commands sent, commands executed, "+
 		"Redis CPU (INFO cpu, user+sys) and heap allocations of the whole process.\n\n", r.Plan.ScaleRounds, r.Plan.ScaleTime)
 	w.p("| locks | clients × goroutines | library | cycles/s | rounds (k/s) | round trips | commands | executed | Redis CPU µs | allocs | bytes | remutex ÷ this (cycles/s) | remutex ÷ this (Redis CPU) |\n")

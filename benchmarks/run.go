@@ -106,17 +106,31 @@ func (r *results) logf(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "[%6.1fs] "+format+"\n", append([]any{time.Since(r.Started).Seconds()}, args...)...)
 }
 
+// inTurn returns the variants in the order of round: each round begins one
+// further along the list. Where a variant stands in a round changes what it
+// runs after (a slower first round after the floor, a Client just closed),
+// and that alone moved one figure by up to a third: so every variant takes
+// every place in turn, and none always follows the same one.
+func inTurn(vs []variant, round int) []variant {
+	if len(vs) == 0 {
+		return nil
+	}
+	k := round % len(vs)
+	return append(append(make([]variant, 0, len(vs)), vs[k:]...), vs[:k]...)
+}
+
 func (r *results) runUncontended(vs []variant, srv *server) error {
 	for _, v := range vs {
 		r.Uncontended[v.name] = &cycleResult{}
 	}
-	// Rounds go through every variant in turn, and through the floor, so
-	// that a change in the machine's load touches all of them alike.
+	// Rounds go through every variant in turn (see inTurn), and through the
+	// floor, so that a change in the machine's load touches all of them
+	// alike.
 	for round := 0; round < r.Plan.Rounds; round++ {
 		if err := floorRound(srv.addr, r.Plan.RoundTime, &r.Floor); err != nil {
 			return fmt.Errorf("floor: %w", err)
 		}
-		for _, v := range vs {
+		for _, v := range inTurn(vs, round) {
 			if err := uncontendedRound(v, srv, r.Plan.RoundTime, r.Uncontended[v.name]); err != nil {
 				r.problem(v, "uncontended", err)
 			}
@@ -154,8 +168,8 @@ func (r *results) runContended(vs []variant, srv *server) {
 	rounds := max(1, r.Plan.ContendedRounds)
 	window := r.Plan.ContendedTime / time.Duration(rounds)
 	byName := map[string][]contendedResult{}
-	for range rounds {
-		for _, v := range vs {
+	for round := range rounds {
+		for _, v := range inTurn(vs, round) {
 			c, err := contended(v, srv, window)
 			if err != nil {
 				r.problem(v, "contended", err)

@@ -147,8 +147,8 @@ func (r *results) runScale(vs []variant, srv *server) {
 				byName[v.name] = &scaleResult{Locks: l.locks(), Clients: l.Clients, PerClient: l.PerClient}
 			}
 		}
-		for range r.Plan.ScaleRounds {
-			for _, v := range vs {
+		for round := range r.Plan.ScaleRounds {
+			for _, v := range inTurn(vs, round) {
 				if res := byName[v.name]; res != nil {
 					if err := scaleRound(v, srv, l, r.Plan.ScaleTime, res); err != nil {
 						r.problem(v, fmt.Sprintf("scale %d", l.locks()), err)
