@@ -93,7 +93,7 @@ func (w *page) hooks(r *results) {
 	if len(r.Hooks) == 0 {
 		return
 	}
-	w.p("## (f) The cost of observing (remutex)\n\n")
+	w.p("## (g) The cost of observing (remutex)\n\n")
 	w.p("remutex's uncontended Lock+Unlock cycle with no hook, with the OpenTelemetry adapter (`otel/`) recording metrics " +
 		"into the SDK (a manual reader), and recording metrics and spans (every span sampled, kept by the SDK until shut " +
 		"down). Rounds alternate between the three, each beginning with the next.\n\n")
