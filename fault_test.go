@@ -419,8 +419,8 @@ func TestFaultLateAcquireReply(t *testing.T) {
 
 // TestFaultConnectionReset: the connection breaks after the server applied a
 // lock or unlock script and before its reply arrives (the uncontended
-// scripts and the full ones); go-redis (or remutex) sends it again. Counts must not change twice, no hold may remain, and no
-// loss may be reported.
+// scripts and the full ones); go-redis (or remutex) sends it again. Counts
+// must not change twice, no hold may remain, and no loss may be reported.
 func TestFaultConnectionReset(t *testing.T) {
 	srv := redistest.Start(t)
 	name := lockName(t)

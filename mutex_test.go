@@ -501,9 +501,10 @@ func TestWrongType(t *testing.T) {
 }
 
 // TestUncontendedPathIgnoresLivenessKey: the uncontended scripts read the
-// hash (a read/write lock's writer hash and readers) and the queue only. Foreign data at the queue's liveness key does not
-// stop a free lock from being taken and released, and is left as it was;
-// the first call that needs the key reports it (TestWrongType).
+// hash (a read/write lock's writer hash and readers) and the queue only.
+// Foreign data at the queue's liveness key does not stop a free lock from
+// being taken and released, and is left as it was; the first call that
+// needs the key reports it (TestWrongType).
 func TestUncontendedPathIgnoresLivenessKey(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b *testBackend) {
 		ctx := context.Background()

@@ -391,8 +391,11 @@ func (n *node) tail(ctx context.Context, s *lockSpec) (nodeArg, queueArg interfa
 
 func (n *node) acquire(ctx context.Context, s *lockSpec, r acquireReq) (reply, error) {
 	if r.quick && n.ack.replicas == 0 && s.quick.calm() {
-		if granted, f, err := n.quickLock(ctx, s, r); granted || err != nil {
-			return reply{code: replyGranted, val: f}, err
+		switch granted, f, err := n.quickLock(ctx, s, r); {
+		case err != nil:
+			return reply{}, err
+		case granted:
+			return reply{code: replyGranted, val: f}, nil
 		}
 	}
 	na, qa := n.tail(ctx, s)
@@ -403,7 +406,7 @@ func (n *node) acquire(ctx context.Context, s *lockSpec, r acquireReq) (reply, e
 			return reply{}, err
 		}
 		rep, err := parseReply(v)
-		if rep.code == replyBusy || rep.code == replyQueued {
+		if err == nil && (rep.code == replyBusy || rep.code == replyQueued) {
 			s.quick.contended()
 		}
 		return rep, err

@@ -22,6 +22,7 @@ local owner, have, want, lease, fencing = ARGV[1], ARGV[2], ARGV[3], ARGV[4], AR
 --#include take.lua
 
 --#include queue.lua
+--#include enqueue.lua
 
 local cur = redis.pcall('hget', hash, owner)
 if type(cur) == 'table' then return type_error(hash, 'hash') end
@@ -62,7 +63,10 @@ end
 if known and not redis.pcall('zscore', alive, entry) then return {3, 0} end
 
 local now = now_us()
-if redis.call('exists', hash) == 0 then
+-- The hash's TTL answers both questions left: is the lock free (-2), and
+-- how long may the caller have to wait.
+local pttl = redis.call('pttl', hash)
+if pttl == -2 then
   -- Free, with waiters queued.
   local bad = prune(now, true)
   if bad then return bad end
@@ -81,8 +85,10 @@ if redis.call('exists', hash) == 0 then
   -- Starvation mode, and nobody handed it on (the last holder expired):
   -- the head gets it now; the caller queues.
   grant_head(now, true)
+  pttl = pttl_of(hash)
 end
-if not entry then return {0, pttl_of(hash)} end
+if pttl < 0 then pttl = 0 end
+if not entry then return {0, pttl} end
 local bad = enqueue(entry, now, tonumber(ttl))
 if bad then return bad end
-return {2, pttl_of(hash)}
+return {2, pttl}

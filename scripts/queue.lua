@@ -1,5 +1,7 @@
 -- Shared by the slow paths of acquire, release and leave; included after
--- their fast paths, so that an uncontended call never builds these.
+-- their fast paths, so that an uncontended call never builds these. (What
+-- only the waiting side needs, and the queue entry's format, is in
+-- enqueue.lua.)
 local fence_key, alive = KEYS[2], KEYS[4]
 -- The last two arguments of every lock script: "<starvation threshold µs>
 -- <publish command>" (the node's; a threshold of -1 never hands the lock
@@ -20,50 +22,29 @@ local function digits(x)
   return string.format('%d', x)
 end
 
--- Server time in µs. Scripts replicate their effects, so TIME is allowed.
-local function time_us()
-  local t = redis.call('time')
-  return t[1] .. string.rep('0', 6 - #t[2]) .. t[2], t
-end
-
+-- Server time in µs, exact as a Lua number (µs since 1970 stay below 2^53).
+-- Scripts replicate their effects, so TIME is allowed.
 local function now_us()
-  return tonumber((time_us()))
+  local t = redis.call('time')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
--- Next fencing token. A missing counter (first use, or Redis lost it) is
--- seeded from the server clock in µs, so tokens keep rising.
+-- Next fencing token (see seed.lua for a missing counter).
 local function next_fence()
   local f = redis.call('incr', fence_key)
-  if f == 1 then
-    local seed = time_us()
-    redis.call('set', fence_key, seed)
-    f = tonumber(seed)
-  end
+--#include seed.lua
   return f
 end
 
-local function wrongtype(key, t)
-  return redis.error_reply('WRONGTYPE remutex ' .. t .. ' ' .. key)
-end
-
--- An error reply when key holds a type other than want (or none).
-local function type_error(key, want)
-  local t = redis.call('type', key)
+-- An error reply when key holds a type other than want (or none). t is the
+-- type when the caller knows it.
+local function type_error(key, want, t)
+  t = t or redis.call('type', key)
   if type(t) == 'table' then t = t['ok'] end
-  if t ~= 'none' and t ~= want then return wrongtype(key, t) end
+  if t ~= 'none' and t ~= want then
+    return redis.error_reply('WRONGTYPE remutex ' .. t .. ' ' .. key)
+  end
   return nil
-end
-
--- The fence counter must be missing or a string holding an integer.
-local function counter_error()
-  local v = redis.pcall('get', fence_key)
-  if type(v) == 'table' then return type_error(fence_key, 'string') end
-  if v and not string.match(v, '^%-?%d+$') then return wrongtype(fence_key, 'non-integer') end
-  return nil
-end
-
-local function queue_error()
-  return type_error(KEYS[3], 'zset') or type_error(alive, 'zset')
 end
 
 -- Runs a read (or the script's first write) on a queue key: a key of
@@ -71,29 +52,10 @@ end
 -- types are looked at only when the command failed.
 local function zcall(...)
   local r = redis.pcall(...)
-  if type(r) == 'table' and r.err then return nil, queue_error() or r end
+  if type(r) == 'table' and r.err then
+    return nil, type_error(KEYS[3], 'zset') or type_error(alive, 'zset') or r
+  end
   return r, nil
-end
-
--- Entry: <claim ms>:<fencing>:<wait id>:<owner>; the owner begins with the
--- Client's id, which names the channel its Client listens on.
-local function entry_of(claim, fencing, id, owner)
-  return claim .. ':' .. fencing .. ':' .. id .. ':' .. owner
-end
-
--- The caller's entry, from its wait id ARGV[6]: '' none (TryLock: never
--- queued); '<id>', or '+<id>' once known queued (then known is true); either
--- followed by ' <owner>' where the entry names an owner other than the
--- call's (a quorum, whose tries each have a token of their own, keeps one
--- entry per wait).
-local function wait_entry(flag)
-  local id, eo = ARGV[6], ARGV[1]
-  if id == '' then return nil, false end
-  local sp = string.find(id, ' ', 1, true)
-  if sp then id, eo = string.sub(id, 1, sp - 1), string.sub(id, sp + 1) end
-  local known = string.sub(id, 1, 1) == '+'
-  if known then id = string.sub(id, 2) end
-  return entry_of(claim, flag, id, eo), known
 end
 
 local function drop_entry(e)
@@ -125,23 +87,6 @@ end
 
 local function starving(arrived, now)
   return arrived and starve >= 0 and now - arrived >= starve
-end
-
--- Adds entry at the tail (or keeps its place) and sets its liveness; the
--- queue keys live as long as their longest-lived entry. Returns an error
--- reply for a queue key of another type.
-local function enqueue(entry, now, ttl)
-  local ms = math.floor(now / 1000)
-  local top, bad = zcall('zrange', alive, '-1', '-1', 'withscores')
-  if bad then return bad end
-  local _, qbad = zcall('zadd', KEYS[3], 'NX', digits(now), entry)
-  if qbad then return qbad end
-  redis.call('zadd', alive, digits(ms + ttl), entry)
-  local keep = math.max(tonumber(top[2] or 0) - ms, ttl, 1)
-  keep = digits(keep)
-  redis.call('pexpire', KEYS[3], keep)
-  redis.call('pexpire', alive, keep)
-  return nil
 end
 
 local function pttl_of(key)

@@ -30,6 +30,7 @@ end
 
 --#include queue.lua
 --#include rw.lua
+--#include enqueue.lua
 
 local cur = redis.pcall('zscore', R, owner)
 if type(cur) == 'table' then return type_error(R, 'zset') end

@@ -12,6 +12,7 @@ local owner, have, want, lease, fencing = ARGV[1], ARGV[2], ARGV[3], ARGV[4], AR
 
 --#include queue.lua
 --#include rw.lua
+--#include enqueue.lua
 
 local cur = redis.pcall('hget', hash, owner)
 if type(cur) == 'table' then return type_error(hash, 'hash') end
