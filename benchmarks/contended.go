@@ -27,6 +27,7 @@ type contendedResult struct {
 	Acquisitions int           // acquired inside the window
 	PerSecond    float64
 	Utilisation  float64       // time held / window
+	HoldMean     time.Duration // Lock returned -> Unlock called: the sleep and its overshoot
 	GapMean      time.Duration // release (Unlock called) -> next acquisition
 	GapP50       time.Duration
 	WaitP50      time.Duration // Lock called -> Lock returned
@@ -57,7 +58,7 @@ func mergeRounds(rs []contendedResult) contendedResult {
 	byUtil := slices.Clone(rs)
 	slices.SortFunc(byUtil, func(a, b contendedResult) int { return cmp.Compare(a.Utilisation, b.Utilisation) })
 	m := byUtil[len(byUtil)/2]
-	res := contendedResult{PerSecond: m.PerSecond, Utilisation: m.Utilisation, GapMean: m.GapMean, GapP50: m.GapP50,
+	res := contendedResult{PerSecond: m.PerSecond, Utilisation: m.Utilisation, HoldMean: m.HoldMean, GapMean: m.GapMean, GapP50: m.GapP50,
 		PerWorker: make([]int, len(m.PerWorker)), Server: map[string]cmdStat{}}
 	var cpu, bursts, commands, executed float64
 	for _, r := range rs {
@@ -290,6 +291,9 @@ func (res *contendedResult) addTimes(all []acqRecord, workers int) error {
 	}
 	res.PerSecond = float64(res.Acquisitions) / window.Seconds()
 	res.Utilisation = float64(held) / float64(window)
+	if res.Acquisitions > 0 {
+		res.HoldMean = held / time.Duration(res.Acquisitions)
+	}
 	res.GapMean = mean(gaps)
 	slices.Sort(gaps)
 	res.GapP50 = percentile(gaps, 0.5)

@@ -152,29 +152,30 @@ func (w *page) contended(r *results) {
 	w.p("## (b) Contended hand-off\n\n")
 	w.p("%d clients (separate connection pools) × %d goroutines on one lock for %v, in %d rounds with the libraries interleaved (each round beginning one library further along). A holder sleeps %v "+
 		"(time.Sleep, so the critical section includes the timer's overshoot) and pauses %v after Unlock. "+
-		"*util* is time held over wall time; *gap* runs from the Unlock call to the next holder's Lock returning "+
+		"*util* is time held over wall time; *hold* is the mean time from Lock's return to the Unlock call, the sleep with its overshoot "+
+		"(the same code in every library: what else runs on the processors makes it longer); *gap* runs from the Unlock call to the next holder's Lock returning "+
 		"(in round trips: ÷ %.1f µs); *wait* runs from the Lock call to its return; *spread* is the most over the "+
 		"fewest acquisitions of one worker; *overlaps* counts holders that found another holder inside (must be 0); "+
 		"*errors* counts Lock and Unlock calls that failed (a Lock that failed is tried again). "+
 		"Per acquisition: round trips of all clients, commands, Redis CPU (INFO cpu, user+sys). "+
-		"acq/s, util and gap are the round's with the median util (all rounds' util in brackets); "+
+		"acq/s, util, hold and gap are the round's with the median util (all rounds' util in brackets); "+
 		"waits, spread, overlaps, errors and the costs cover all rounds.\n\n",
 		contClients, contPerClient, r.Plan.ContendedTime, max(1, r.Plan.ContendedRounds), contCritical, contPause, us(rtt))
-	w.p("| library | acq/s | util %% | gap µs | gap RTT | wait p50 ms | wait p99 ms | wait max ms | spread | overlaps | errors | round trips/acq | commands/acq | executed/acq | Redis CPU µs/acq | remutex ÷ this (CPU) |\n")
-	w.p("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	w.p("| library | acq/s | util %% | hold µs | gap µs | gap RTT | wait p50 ms | wait p99 ms | wait max ms | spread | overlaps | errors | round trips/acq | commands/acq | executed/acq | Redis CPU µs/acq | remutex ÷ this (CPU) |\n")
+	w.p("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	mine := r.Contended[r.remutexName()]
 	for _, v := range r.Variants {
 		c, ok := r.Contended[v.Name]
 		if !ok {
-			w.p("| %s | failed |||||||||||||||\n", v.Name)
+			w.p("| %s | failed ||||||||||||||||\n", v.Name)
 			continue
 		}
 		rc := ""
 		if mine != nil && !v.Remutex && c.CPU > 0 {
 			rc = fmt.Sprintf("%.2f", float64(mine.CPU)/float64(c.CPU))
 		}
-		w.p("| %s | %.0f | %.1f %v | %.0f | %.1f | %.2f | %.2f | %.2f | %s | %d | %d | %.2f | %.2f | %.1f | %.1f | %s |\n",
-			bold(v.Name, v.Remutex), c.PerSecond, 100*c.Utilisation, c.Rounds, us(c.GapMean), float64(c.GapMean)/float64(rtt),
+		w.p("| %s | %.0f | %.1f %v | %.0f | %.0f | %.1f | %.2f | %.2f | %.2f | %s | %d | %d | %.2f | %.2f | %.1f | %.1f | %s |\n",
+			bold(v.Name, v.Remutex), c.PerSecond, 100*c.Utilisation, c.Rounds, us(c.HoldMean), us(c.GapMean), float64(c.GapMean)/float64(rtt),
 			ms(c.WaitP50), ms(c.WaitP99), ms(c.WaitMax), spread(c.Spread), c.Overlaps, c.Errors,
 			c.Bursts, c.Commands, c.Executed, us(c.CPU), rc)
 	}
