@@ -87,7 +87,8 @@ func WithLogger(l *slog.Logger) Option {
 // WithErrorHandler sets a function that hears of the errors Lock, Unlock and
 // TryLock cannot return: lost holds, and transient errors they retried. It is
 // called from the goroutine that met the error (the watchdog for lost
-// leases) and must not block. Default: none (errors are only logged).
+// leases), after Lost has closed and outside remutex's own locks, and must
+// not block. Default: none (errors are only logged).
 func WithErrorHandler(f func(error)) Option {
 	return func(c *Client) { c.onError = f }
 }
