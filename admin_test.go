@@ -177,7 +177,7 @@ func TestForceUnlock(t *testing.T) {
 		await(t, lost, "the holder's Lost to close")
 		assert.ErrorIs(t, m.UnlockContext(ctx), ErrLockLost, "the holder's UnlockContext")
 		// The handler runs after Lost closed, outside the Client's mutex: await it.
-		waitFor(t, "the holder's error handler to hear of the loss", func() bool { return len(errs.matching(ErrLockLost)) > 0 })
+		errs.await(t, ErrLockLost, hangGuard, "the holder's error handler to hear of the loss")
 		w.release()
 		require.NoError(t, await(t, w.unlocked, "the waiter to unlock"))
 		assert.Equal(t, int64(0), rdb.Exists(ctx, k.hash, k.queue, k.alive).Val(), "keys left")
