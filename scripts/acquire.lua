@@ -85,7 +85,7 @@ if pttl == -2 then
   -- Starvation mode, and nobody handed it on (the last holder expired):
   -- the head gets it now; the caller queues.
   grant_head(now, true)
-  pttl = pttl_of(hash)
+  pttl = redis.call('pttl', hash)
 end
 if pttl < 0 then pttl = 0 end
 if not entry then return {0, pttl} end
