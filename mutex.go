@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -22,11 +20,6 @@ const (
 	// MaxNameLen is the longest lock name NewMutex accepts, in bytes.
 	MaxNameLen = 1024
 )
-
-// unlockTimeout bounds how long Unlock retries a release that meets
-// transient errors (Redis unreachable): then it gives up, reports the error,
-// and the lock expires on the server within its lease.
-const unlockTimeout = time.Second
 
 // DistMutex is a mutual exclusion lock shared by every process that uses the
 // same name on the same Redis. Create it with Client.NewMutex (a zero
@@ -172,61 +165,6 @@ const (
 	// waiter left, to spare subscribe/unsubscribe churn under contention.
 	linger = 250 * time.Millisecond
 )
-
-const releasedInfix = ":released:"
-
-// lockKind says which lock a spec is of.
-type lockKind uint8
-
-const (
-	kindMutex lockKind = iota // a DistMutex
-	kindWrite                 // a DistRWMutex's write side
-	kindRead                  // a DistRWMutex's read side
-)
-
-// newSpec computes the keys and boxed script arguments of a lock.
-func (c *Client) newSpec(name string, cfg mutexConfig, kind lockKind) lockSpec {
-	s := lockSpec{name: name, sc: mutexScripts, keys: lockKeys(c.prefix, name), lease: cfg.lease,
-		flag: "0", unheld: "remutex: unlock of unlocked mutex"}
-	if kind != kindMutex {
-		s.keys = rwKeys(c.prefix, name)
-		s.sc, s.flag, s.unheld = writeScripts, "w", "remutex: Unlock of unlocked DistRWMutex"
-	}
-	s.home = s.keys[0]
-	s.quick = c.newQuick(kind, s.keys)
-	if kind == kindRead {
-		s.home = s.keys[4]
-		s.sc, s.flag, s.unheld, s.read = readScripts, "r", "remutex: RUnlock of unlocked DistRWMutex", true
-	}
-	s.keyArgs = make([]interface{}, len(s.keys))
-	for i, k := range s.keys {
-		s.keyArgs[i] = k
-	}
-	s.channel = s.home + releasedInfix + c.id
-	s.ttl = min(cfg.lease, maxQueueTTL)
-	s.claim = s.ttl
-	if cfg.noRenew {
-		s.claim = cfg.lease // a fixed lease is granted whole
-	}
-	ms := strconv.FormatInt(cfg.lease.Milliseconds(), 10)
-	s.leaseArg, s.keepArg, s.renewArg = ms, ms, ms
-	if cfg.noRenew {
-		s.keepArg = "0"
-	}
-	if s.read {
-		s.renewArg = "r" + ms
-	}
-	s.claimMs = strconv.FormatInt(s.claim.Milliseconds(), 10)
-	s.queueArg = strconv.FormatInt(s.ttl.Milliseconds(), 10) + " " + s.claimMs + " " + s.home + releasedInfix
-	if cfg.fencing {
-		s.fence = fenceOn
-		s.flag = strings.ToUpper(s.flag)
-		if kind == kindMutex {
-			s.flag = "1"
-		}
-	}
-	return s
-}
 
 // Name returns the lock's name.
 func (m *DistMutex) Name() string {
@@ -516,119 +454,4 @@ func (m *DistMutex) ctxErr(ctx context.Context, last error) error {
 		return m.wrap(ctx.Err())
 	}
 	return m.wrap(fmt.Errorf("%w (last error: %w)", ctx.Err(), last))
-}
-
-// unlock is the single implementation of Unlock and UnlockContext.
-func (m *DistMutex) unlock(ctx context.Context, plain bool) error {
-	c := m.client()
-	c.mu.Lock()
-	h := m.holdLocked(m.gid())
-	if h == nil || h.ending {
-		// (ending: a NonReentrant mutex whose final release another
-		// goroutine is already sending.)
-		c.mu.Unlock()
-		if plain {
-			panic(m.spec.unheld)
-		}
-		return m.wrap(ErrNotHeld)
-	}
-	want := h.count - 1
-	var news []notice
-	if h.lostErr == nil && !time.Now().Before(h.valid) {
-		// Past its validity deadline the hold may be gone on the server: it
-		// is lost, whether or not the watchdog has looked yet.
-		news = c.loseLocked(h, errExpired)
-	}
-	if lost := h.lostErr; lost != nil {
-		h.count = want
-		if want == 0 {
-			m.dropHoldLocked(h)
-		}
-		c.mu.Unlock()
-		c.announce(news)
-		if want == 0 {
-			// The lock may still be ours on the server (lost by the local
-			// deadline during a partition): free it for the others.
-			if err := rollback(ctx, c.be, &m.spec, h.owner); err != nil {
-				m.leftOver(h)
-			}
-		}
-		return m.wrap(lost)
-	}
-	h.ending = want == 0
-	valid := h.valid
-	c.mu.Unlock()
-	res, sent, err := m.release(ctx, h, want, valid)
-	return m.settle(h, want, res, sent, err, plain)
-}
-
-// release sends the release of h down to want, retrying transient errors
-// while the hold can be valid, for at most unlockTimeout.
-func (m *DistMutex) release(ctx context.Context, h *hold, want int, valid time.Time) (int64, time.Time, error) {
-	sent := time.Now()
-	res, err := m.c.be.release(ctx, &m.spec, h.owner, want, m.spec.keepArg)
-	if err == nil || !transient(err) {
-		return res, sent, err
-	}
-	ctx, cancel := context.WithDeadline(ctx, earliest(valid, sent.Add(unlockTimeout)))
-	defer cancel()
-	var bo backoff
-	for err != nil && transient(err) {
-		m.c.log.Warn("remutex: retrying after transient error", "lock", m.spec.name, "op", "release", "err", err)
-		t := time.NewTimer(bo.next())
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return 0, sent, m.ctxErr(ctx, err)
-		}
-		sent = time.Now()
-		res, err = m.c.be.release(ctx, &m.spec, h.owner, want, m.spec.keepArg)
-	}
-	return res, sent, err
-}
-
-// settle records the outcome of the release of h down to want.
-//
-// A final release that finds nothing, sent while the hold was still valid,
-// counts as done: it is a resend of a release that was applied (go-redis
-// resends a call whose reply was lost; release retries after an error), and
-// the hold was the caller's until the critical section ended, because
-// nothing else can end a valid hold but a loss the watchdog then reports.
-func (m *DistMutex) settle(h *hold, want int, res int64, sent time.Time, err error, plain bool) error {
-	c := m.c
-	c.mu.Lock()
-	var news []notice
-	switch {
-	case err != nil:
-	case res == releaseNotHeld && want == 0 && sent.Before(h.valid):
-		res = releaseDone
-	case res == releaseNotHeld:
-		news = c.loseLocked(h, errHoldGone) // the loss itself, found by this call
-	case want > 0 && m.renew:
-		h.extendLocked(sent)
-	}
-	if want == 0 && h.lostErr == nil && c.hook != nil {
-		// Not lost (before or by this call): the hold ends here, released or
-		// dropped after a failed release.
-		news = append(news, notice{ev: h.event(EventReleased, time.Since(h.acquired), err)})
-	}
-	lost := h.lostErr
-	h.count = want
-	h.ending = false
-	if want == 0 {
-		m.dropHoldLocked(h)
-		if err != nil {
-			m.leftOverLocked(h)
-		}
-	}
-	c.mu.Unlock()
-	c.announce(news)
-	switch {
-	case err != nil:
-		return m.wrap(err)
-	case lost != nil && !plain:
-		return m.wrap(lost)
-	}
-	return nil
 }

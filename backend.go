@@ -1,0 +1,126 @@
+package remutex
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+)
+
+// Reply codes of acquire.lua and release.lua.
+const (
+	replyLost    = -1 // acquire: a nested acquire found the hold gone
+	replyBusy    = 0  // acquire: held by another owner
+	replyGranted = 1  // acquire: the lock is ours
+	replyQueued  = 2  // acquire: held by another; the caller waits in the queue
+	replyGone    = 3  // acquire: the caller's queue entry, known queued, is gone
+
+	releaseNotHeld = 0
+	releaseDone    = 1
+	releaseHandoff = 2 // freed and handed to the queue's head
+)
+
+// reply is the result of one acquire call.
+type reply struct {
+	code  int64
+	val   int64 // fence when granted; holder's PTTL in ms when busy or queued
+	split bool  // quorum, busy: some servers granted it, too few (contenders split them)
+}
+
+// fenceMode says what an acquisition asks of the fence counter.
+type fenceMode uint8
+
+const (
+	fenceOff   fenceMode = iota
+	fenceOn              // a new token per hold; a resend gets the current one
+	fenceFresh           // a new token per call (quorum: a field may be a failed try's)
+)
+
+var fenceArgs = [...]interface{}{"0", "1", "2"}
+
+func (f fenceMode) arg() interface{} { return fenceArgs[f] }
+
+// acquireReq is one acquire call: the arguments of acquire.lua that vary.
+type acquireReq struct {
+	owner      interface{}
+	have, want int
+	lease      interface{} // ms; "0" keeps the TTL (nested, WithoutRenewal)
+	fence      fenceMode
+	waitID     interface{} // "" never queues (TryLock)
+	quick      bool        // an attempt's first call: quick_lock.lua may do, if the lock is calm
+}
+
+// backend is where a Client's locks live: one Redis deployment (node) or a
+// quorum of independent ones. DistMutex talks to it alone, and never asks
+// which one it has.
+type backend interface {
+	// acquire runs acquire.lua. A grant that replicas did not acknowledge
+	// (WithReplicaAck) has been rolled back and is ErrTooFewReplicas.
+	acquire(ctx context.Context, s *lockSpec, r acquireReq) (reply, error)
+	// release runs release.lua: releaseNotHeld, releaseDone or releaseHandoff.
+	release(ctx context.Context, s *lockSpec, owner interface{}, want int, lease interface{}) (int64, error)
+	// leave runs leave.lua for a waiter that gives up.
+	leave(ctx context.Context, s *lockSpec, owner interface{}, entry string) error
+	// renew renews holds: per item 1 renewed, 0 not ours, -1 failed.
+	renew(ctx context.Context, items []renewItem) []int64
+	// grants reports whether the queue hands the lock to waiters (a single
+	// deployment); a quorum only wakes them.
+	grants() bool
+	// freshOwners reports whether every try needs an owner token of its own
+	// (a quorum gives back late grants in the background).
+	freshOwners() bool
+	// acked reports whether grants must be confirmed by an acknowledged call.
+	acked() bool
+	// inspect and forceUnlock serve Client.Inspect and Client.ForceUnlock.
+	inspect(ctx context.Context, s *lockSpec, subscribers bool) (LockInfo, error)
+	forceUnlock(ctx context.Context, s *lockSpec, owners []string) (bool, error)
+	subscriptions
+}
+
+// subscriptions are the waiters' interest in a lock's channel.
+type subscriptions interface {
+	// watch registers interest in channel; without create only where a
+	// subscription exists already. It reports whether it registered.
+	watch(channel string, create bool) bool
+	unwatch(channel string)
+	// ready is closed once messages on channel are delivered.
+	ready(channel string) <-chan struct{}
+	// polling reports that SUBSCRIBE was denied: waiters poll.
+	polling() bool
+	close()
+}
+
+// parseReply decodes the {code, value} reply of acquire.
+func parseReply(v interface{}) (reply, error) {
+	a, ok := v.([]interface{})
+	if !ok || len(a) != 2 {
+		return reply{}, fmt.Errorf("remutex: unexpected script reply %v", v)
+	}
+	code, err1 := toInt64(a[0])
+	val, err2 := toInt64(a[1])
+	return reply{code: code, val: val}, errors.Join(err1, err2)
+}
+
+func toInt64(v interface{}) (int64, error) {
+	switch x := v.(type) {
+	case int64:
+		return x, nil
+	case string:
+		return strconv.ParseInt(x, 10, 64)
+	}
+	return 0, fmt.Errorf("remutex: unexpected script reply %v", v)
+}
+
+// rollback releases a hold nobody will use (an acquisition that failed, a
+// grant that came too late, a lost hold's leftover field), best effort and
+// briefly: its lease ends it otherwise.
+func rollback(ctx context.Context, b backend, s *lockSpec, owner interface{}) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
+	defer cancel()
+	_, err := b.release(ctx, s, owner, 0, "0")
+	return err
+}
+
+// rollbackTimeout bounds a rollback: past it the lease ends the hold.
+const rollbackTimeout = time.Second

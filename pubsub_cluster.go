@@ -1,0 +1,156 @@
+package remutex
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Redis Cluster's side of the subscriber: shard channels follow their slot
+// when it moves or its master fails over, and the Client decides once whether
+// releases use sharded pub/sub.
+
+// moved handles a shard channel the server dropped without being asked: its
+// slot moved to another master. The channel is subscribed again there, and
+// its waiters look again, since a release may have been missed.
+func (s *subscriber) moved(conn *psConn, channel string) {
+	s.mu.Lock()
+	e := s.chans[channel]
+	if e == nil || e.conn != conn || !e.confirmed {
+		s.mu.Unlock()
+		return // our own unsubscribe, or a subscription already redone
+	}
+	s.detachLocked(conn, channel, e)
+	s.mu.Unlock()
+	s.follow(conn, []string{channel})
+}
+
+// rehome moves the channels of conn, whose connection broke, to the master
+// that serves their slot now, if that is another one: a master that died
+// sends no SUNSUBSCRIBE, and its replica, promoted, does not know of the
+// subscriptions. It asks the cluster client to reload its view of the
+// slots, and is called again on every failed reconnection until the view
+// names the new master.
+func (s *subscriber) rehome(conn *psConn) {
+	cc, ok := s.n.rdb.(*redis.ClusterClient)
+	if !ok {
+		return
+	}
+	cc.ReloadState(context.Background())
+	s.mu.Lock()
+	var chans []string
+	for ch, e := range s.chans {
+		if e.conn != conn {
+			continue
+		}
+		if node, err := cc.MasterForKey(context.Background(), ch); err == nil && node.Options().Addr != conn.addr {
+			s.detachLocked(conn, ch, e)
+			chans = append(chans, ch)
+		}
+	}
+	s.mu.Unlock()
+	s.follow(conn, chans)
+}
+
+// redirected handles a MOVED reply to a subscription sent on conn: the
+// cluster client's view of the slots was out of date, or conn's node, a
+// master that died and came back as a replica, was subscribed again by
+// go-redis when it reconnected. The channels of that slot on conn, confirmed
+// or not, are subscribed again where the slot lives.
+func (s *subscriber) redirected(conn *psConn, err error) {
+	f := strings.Fields(err.Error()) // MOVED <slot> <addr>
+	if len(f) != 3 {
+		return
+	}
+	slot, perr := strconv.Atoi(f[1])
+	if perr != nil {
+		return
+	}
+	var chans []string
+	s.mu.Lock()
+	for ch, e := range s.chans {
+		if e.conn == conn && keySlot(ch) == slot {
+			s.detachLocked(conn, ch, e)
+			chans = append(chans, ch)
+		}
+	}
+	s.mu.Unlock()
+	s.follow(conn, chans)
+}
+
+// detachLocked forgets channel's subscription on conn, so that go-redis does
+// not subscribe it there again on a reconnect, and marks it unsubscribed.
+func (s *subscriber) detachLocked(conn *psConn, channel string, e *subEntry) {
+	s.queueLocked(conn, channel, false)
+	if e.confirmed {
+		e.ready = make(chan struct{})
+	}
+	e.conn, e.confirmed = nil, false
+}
+
+// follow subscribes chans, which conn's node no longer serves, where their
+// slot lives now, and wakes every waiter. The cluster client reloads its
+// view of the slots in the background: follow waits, for up to a second,
+// until that view sends the slot elsewhere, so as not to subscribe on conn's
+// node again.
+func (s *subscriber) follow(conn *psConn, chans []string) {
+	if len(chans) == 0 {
+		return
+	}
+	if cc, ok := s.n.rdb.(*redis.ClusterClient); ok {
+		cc.ReloadState(context.Background())
+		t := time.NewTimer(0)
+		defer t.Stop()
+		for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); {
+			node, err := cc.MasterForKey(context.Background(), chans[0])
+			if err == nil && node.Options().Addr != conn.addr {
+				break
+			}
+			t.Reset(5 * time.Millisecond)
+			select {
+			case <-t.C:
+			case <-s.c.closing:
+				return
+			}
+		}
+	}
+	s.mu.Lock()
+	for _, ch := range chans {
+		if e := s.chans[ch]; e != nil && e.conn == nil && !s.closed {
+			s.subscribeLocked(ch, e)
+		}
+	}
+	s.mu.Unlock()
+	s.c.wakeAll()
+}
+
+// sharded reports whether release messages use sharded pub/sub: on a
+// ClusterClient whose servers are Redis 7 or later. It is decided once, with
+// the Client's first lock operation.
+func (n *node) sharded(ctx context.Context) bool {
+	n.shardOnce.Do(func() {
+		cc, ok := n.rdb.(*redis.ClusterClient)
+		if !ok {
+			return
+		}
+		info, err := cc.Info(ctx, "server").Result()
+		if err != nil {
+			n.log.Warn("remutex: cannot tell the cluster's Redis version; using classic pub/sub", "err", err)
+			return
+		}
+		for _, line := range strings.Split(info, "\n") {
+			if v, ok := strings.CutPrefix(strings.TrimSpace(line), "redis_version:"); ok {
+				major, _, _ := strings.Cut(v, ".")
+				if v, err := strconv.Atoi(major); err == nil && v >= 7 {
+					n.shardPub = true
+					n.nodeArg = n.starve + " spublish"
+				}
+				break
+			}
+		}
+	})
+	return n.shardPub
+}

@@ -1,0 +1,81 @@
+package remutex
+
+import (
+	"embed"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// The scripts are the only code that changes a lock's keys, and the protocol
+// itself: see scripts/*.lua. Each one is told absolute counts (the count a
+// goroutine has and the count it wants), so a call sent twice, because the
+// reply to the first was lost, changes nothing the second time.
+// scriptFiles are the scripts and the parts they include.
+//
+//go:embed scripts/*.lua
+var scriptFiles embed.FS
+
+var (
+	renewScript = loadScript("renew")
+	raiseScript = loadScript("raise")
+
+	// The uncontended cycle of a DistMutex and of a DistRWMutex's readers (see quick).
+	quickLock, quickUnlock   = loadScript("quick_lock"), loadScript("quick_unlock")
+	quickRLock, quickRUnlock = loadScript("quick_rlock"), loadScript("quick_runlock")
+
+	// The scripts of each kind of lock: a DistMutex, and the write and read
+	// sides of a DistRWMutex.
+	mutexScripts = &scriptSet{loadScript("acquire"), loadScript("release"), loadScript("leave")}
+	writeScripts = &scriptSet{loadScript("wlock"), loadScript("wunlock"), loadScript("rwleave")}
+	readScripts  = &scriptSet{loadScript("rlock"), loadScript("runlock"), writeScripts.leave}
+)
+
+// scriptSet is what a lock's holds and waiters run: acquire (or queue),
+// release, and leave the queue.
+type scriptSet struct {
+	acquire, release, leave *luaScript
+}
+
+// luaScript is a script with its SHA and source boxed once, so that calls do
+// not allocate to pass them.
+type luaScript struct {
+	src, sha interface{}
+	hash     string
+}
+
+// loadScript returns scripts/<name>.lua with its includes pasted in: a line
+// "--#include <file>" is replaced by that file of scripts/ (the slow-path
+// helpers of queue.lua and rw.lua come after a script's fast path, so that
+// an uncontended call never builds them).
+func loadScript(name string) *luaScript {
+	return newLuaScript(include(readScript(name + ".lua")))
+}
+
+func readScript(file string) string {
+	b, err := scriptFiles.ReadFile("scripts/" + file)
+	if err != nil {
+		panic("remutex: " + err.Error()) // embedded: cannot happen
+	}
+	return string(b)
+}
+
+func include(src string) string {
+	var out strings.Builder
+	for _, line := range strings.SplitAfter(src, "\n") {
+		if file, ok := strings.CutPrefix(line, "--#include "); ok {
+			out.WriteString(include(readScript(strings.TrimSpace(file))))
+			continue
+		}
+		out.WriteString(line)
+	}
+	return out.String()
+}
+
+func newLuaScript(src string) *luaScript {
+	h := redis.NewScript(src).Hash()
+	return &luaScript{src: src, sha: h, hash: h}
+}
+
+// Hash returns the script's SHA1, as SCRIPT EXISTS knows it.
+func (s *luaScript) Hash() string { return s.hash }

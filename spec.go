@@ -1,0 +1,145 @@
+package remutex
+
+import (
+	"strconv"
+	"strings"
+	"time"
+)
+
+// lockSpec is what the scripts need of one lock (a DistMutex, or one side
+// of a DistRWMutex), boxed once.
+type lockSpec struct {
+	name     string
+	sc       *scriptSet
+	keys     []string      // hash, fence, queue, queue:alive (DistRWMutex: and readers)
+	keyArgs  []interface{} // keys, boxed
+	home     string        // the key its holds live in: what the Client's state and channel are named by
+	channel  string        // where this Client hears of the lock: <home>:released:<client id>
+	queueArg interface{}   // "<entry ttl ms> <claim ms> <home>:released:" for the slow paths (queue.lua)
+	lease    time.Duration
+	claim    time.Duration // lease of a queue grant until the watchdog extends it
+	ttl      time.Duration // liveness of a queue entry
+	leaseArg interface{}
+	keepArg  interface{} // nested calls: the lease, or "0" (keep the TTL) WithoutRenewal
+	renewArg interface{} // the watchdog's lease argument (renew.lua)
+	claimMs  string
+	flag     string // the kind of its queue entries (see the scripts)
+	fence    fenceMode
+	read     bool   // the read side of a DistRWMutex
+	unheld   string // the panic of an unlock that holds nothing
+	quick    *quick // the uncontended cycle; nil for a DistRWMutex's write side
+}
+
+func (s *lockSpec) hash() string { return s.home }
+
+// Key names of lock name under prefix: they all begin with P{name}, so that
+// they share one cluster slot.
+func lockKeys(prefix, name string) []string { return keysFrom(prefix + "{" + name + "}") }
+
+// rwKeys are the keys of the read/write lock called name, apart from the
+// mutex's: P{name}:rw and its fence, queue, queue:alive and readers.
+func rwKeys(prefix, name string) []string {
+	base := prefix + "{" + name + "}:rw"
+	return append(keysFrom(base), base+":readers")
+}
+
+func keysFrom(base string) []string {
+	return []string{base, base + ":fence", base + ":queue", base + ":queue:alive"}
+}
+
+// keyCounts are the boxed key counts of script calls, which is what
+// ClusterClient looks at to route them.
+var keyCounts = func() (a [maxBatch + 1]interface{}) {
+	for i := range a {
+		a[i] = strconv.Itoa(i)
+	}
+	return a
+}()
+
+// hashTag returns the part of key Redis Cluster hashes: the text between the
+// first '{' and the next '}', or "" when that is empty or missing.
+func hashTag(key string) string {
+	_, rest, ok := strings.Cut(key, "{")
+	if !ok {
+		return ""
+	}
+	tag, _, ok := strings.Cut(rest, "}")
+	if !ok {
+		return ""
+	}
+	return tag
+}
+
+// keySlot is Redis Cluster's slot of key: CRC16 of its hash tag mod 16384.
+func keySlot(key string) int {
+	if tag := hashTag(key); tag != "" {
+		key = tag
+	}
+	var crc uint16
+	for i := 0; i < len(key); i++ {
+		crc ^= uint16(key[i]) << 8
+		for b := 0; b < 8; b++ {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return int(crc) % 16384
+}
+
+// lockKind says which lock a spec is of.
+type lockKind uint8
+
+const (
+	kindMutex lockKind = iota // a DistMutex
+	kindWrite                 // a DistRWMutex's write side
+	kindRead                  // a DistRWMutex's read side
+)
+
+// newSpec computes the keys and boxed script arguments of a lock.
+func (c *Client) newSpec(name string, cfg mutexConfig, kind lockKind) lockSpec {
+	s := lockSpec{name: name, sc: mutexScripts, keys: lockKeys(c.prefix, name), lease: cfg.lease,
+		flag: "0", unheld: "remutex: unlock of unlocked mutex"}
+	if kind != kindMutex {
+		s.keys = rwKeys(c.prefix, name)
+		s.sc, s.flag, s.unheld = writeScripts, "w", "remutex: Unlock of unlocked DistRWMutex"
+	}
+	s.home = s.keys[0]
+	s.quick = c.newQuick(kind, s.keys)
+	if kind == kindRead {
+		s.home = s.keys[4]
+		s.sc, s.flag, s.unheld, s.read = readScripts, "r", "remutex: RUnlock of unlocked DistRWMutex", true
+	}
+	s.keyArgs = make([]interface{}, len(s.keys))
+	for i, k := range s.keys {
+		s.keyArgs[i] = k
+	}
+	s.channel = s.home + releasedInfix + c.id
+	s.ttl = min(cfg.lease, maxQueueTTL)
+	s.claim = s.ttl
+	if cfg.noRenew {
+		s.claim = cfg.lease // a fixed lease is granted whole
+	}
+	ms := strconv.FormatInt(cfg.lease.Milliseconds(), 10)
+	s.leaseArg, s.keepArg, s.renewArg = ms, ms, ms
+	if cfg.noRenew {
+		s.keepArg = "0"
+	}
+	if s.read {
+		s.renewArg = "r" + ms
+	}
+	s.claimMs = strconv.FormatInt(s.claim.Milliseconds(), 10)
+	s.queueArg = strconv.FormatInt(s.ttl.Milliseconds(), 10) + " " + s.claimMs + " " + s.home + releasedInfix
+	if cfg.fencing {
+		s.fence = fenceOn
+		s.flag = strings.ToUpper(s.flag)
+		if kind == kindMutex {
+			s.flag = "1"
+		}
+	}
+	return s
+}
+
+const releasedInfix = ":released:"
