@@ -7,54 +7,92 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync/atomic"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 )
 
 // Inspection and forced release: what an operator needs to see who holds a
-// lock and to free one whose holder froze. They read and change a lock
-// through the same keys and scripts as DistMutex, so that users and the
-// remutex command need not know the layout.
+// lock and to free one whose holder froze. They read and change locks
+// through the same keys and scripts as DistMutex and DistRWMutex, so that
+// users and the remutex command need not know the layout.
 
 var inspectScript = loadScript("inspect")
 
-// LockInfo is the state of one lock, as Inspect read it.
+// LockInfo is the state of the lock under one name, as Inspect read it.
 type LockInfo struct {
 	Name string // the lock's name
-	Key  string // its hash key, P{Name}; its other keys and channels begin with it
+	// Key is the key its holds live in: a DistMutex's hash P{Name}, a
+	// DistRWMutex's writer hash P{Name}:rw (its readers are P{Name}:rw:readers).
+	// The lock's other keys and its channels begin with it. With Kind "" it
+	// is the DistMutex's.
+	Key string
+	// Kind is the kind of lock: "mutex" (a DistMutex), "rwmutex" (a
+	// DistRWMutex), or "" when nothing of any kind is under the name: no
+	// holder, no waiter, no fence counter, no listening Client.
+	Kind string
 
-	// Holders are the owners of the lock, sorted by owner token: one while
-	// it is held, none while it is free (more only where something outside
-	// remutex wrote the hash).
+	// Holders are the holds of the lock, sorted by owner token, a write hold
+	// before a read hold of the same owner. A DistMutex has one while it is
+	// held (more only where something outside remutex wrote the hash); a
+	// DistRWMutex has one writer, or any number of readers, or a writer and
+	// its own read hold (RLock under its write hold). None while it is free.
 	Holders []Holder
-	// TTL is the remaining lease: 0 when the lock is free, negative if its
-	// hash has no expiry (which remutex never leaves).
+	// TTL is the remaining lease: the longest of the holders' (when the lock
+	// frees itself if nobody renews it), 0 when the lock is free, negative if
+	// a hold has no expiry (which remutex never leaves).
 	TTL time.Duration
-	// Fence is the last fencing token handed out (the counter P{Name}:fence),
-	// 0 if the lock was never taken WithFencing.
+	// Fence is the last fencing token handed out (the counter P{Name}:fence,
+	// or P{Name}:rw:fence), 0 if the lock was never taken WithFencing (a
+	// DistRWMutex: never for writing; its readers are told the latest
+	// write's token).
 	Fence int64
+	// Readers is the number of read holds (the Holders with Read set): 0 but
+	// for a DistRWMutex.
+	Readers int
 	// Waiters are the live entries of the lock's queue in Redis, in arrival
 	// order; entries whose waiters stopped refreshing them are left out.
 	Waiters []Waiter
+	// WritersWaiting is the number of Waiters that wait to write a
+	// DistRWMutex (while one does, readers that hold nothing queue behind
+	// it); 0 for a DistMutex, whose waiters have no mode.
+	WritersWaiting int
 	// Subscribers is the number of Clients listening for the lock's
 	// messages: those waiting for it, and for a fraction of a second those
-	// that waited last.
+	// that waited last. A Client that waits to read a DistRWMutex and also
+	// to write it counts twice (it listens on a channel for each).
 	Subscribers int
+
+	// Others are the locks of the other kinds under the same name, when more
+	// than one kind has state there (a DistMutex and a DistRWMutex of one
+	// name are independent locks), in the order mutex, rwmutex; nil
+	// otherwise. The LockInfo itself is the first kind in that order that
+	// has state. Their own Others are nil.
+	Others []LockInfo
 }
 
-// Holder is one owner of a lock.
+// Holder is one hold of a lock.
 type Holder struct {
 	Owner string // owner token: <client id>:<goroutine id> (see Event.Owner)
-	Count int    // hold count
-	Host  string // host of the holder's Client; "" if its id does not say
-	PID   int    // process id of the holder's Client; 0 if its id does not say
+	// Count is the hold count; 1 for a read hold, whose nested holds only
+	// its own process counts.
+	Count int
+	// Read reports a read hold of a DistRWMutex; false for a DistMutex's
+	// hold and a DistRWMutex's write hold.
+	Read bool
+	// TTL is the hold's remaining lease: a read hold's own (each reader has
+	// a deadline of its own), else that of the hash it lives in; negative if
+	// that hash has no expiry.
+	TTL  time.Duration
+	Host string // host of the holder's Client; "" if its id does not say
+	PID  int    // process id of the holder's Client; 0 if its id does not say
 }
 
 // Waiter is one entry of a lock's queue.
 type Waiter struct {
 	Owner string    // the owner token it is to hold the lock under
+	Read  bool      // it waits to read a DistRWMutex; false: to write it, or for a DistMutex
 	Host  string    // host of the waiter's Client; "" if its id does not say
 	PID   int       // process id of the waiter's Client; 0 if its id does not say
 	Since time.Time // when it joined the queue, by the Redis server's clock
@@ -69,63 +107,112 @@ func CheckName(name string) error {
 	return nil
 }
 
-// Inspect returns the state of the lock called name under c's key prefix
-// (any lock's, also one c never used), read in one script call, plus the
-// PUBSUB calls that count Subscribers; it changes nothing.
+// Inspect returns the state of the lock called name under c's key prefix,
+// of any kind (a DistMutex's or a DistRWMutex's; also one c never used),
+// read in one script call, plus the PUBSUB calls that count Subscribers;
+// it changes nothing. LockInfo.Kind says which kind it found; where locks
+// of both kinds have state under the name, the others are in
+// LockInfo.Others.
 //
 // For a name NewMutex would refuse it returns an error matching
 // ErrInvalidName and sends no command. For a key of another type under the
-// name, or a fence counter that is not an integer, it returns a
-// *WrongTypeError. Otherwise it fails with ctx's error, ErrClosed after
-// Close, or the Redis error; errors are wrapped with the lock's name. When
-// Redis refused or failed the call, the LockInfo holds Name and Key. On a
-// Client made by NewQuorumClient it returns an error matching
-// errors.ErrUnsupported: inspect each server through a NewClient of its own.
+// name (at any kind's keys), or a fence counter that is not an integer, it
+// returns a *WrongTypeError. Otherwise it fails with ctx's error, ErrClosed
+// after Close, or the Redis error; errors are wrapped with the lock's name.
+// When Redis refused or failed the call, the LockInfo holds Name and Key
+// (the DistMutex's). On a Client made by NewQuorumClient it returns an
+// error matching errors.ErrUnsupported: inspect each server through a
+// NewClient of its own.
 func (c *Client) Inspect(ctx context.Context, name string) (LockInfo, error) {
-	s, err := c.adminSpec(ctx, name)
+	t, err := c.checkAdmin(ctx, name)
 	if err != nil {
 		return LockInfo{}, err
 	}
-	info, err := c.be.inspect(ctx, s, true)
+	infos, err := c.be.inspect(ctx, t, true)
 	if err != nil {
-		return LockInfo{Name: name, Key: s.hash()}, lockError(name, err)
+		return LockInfo{Name: name, Key: t.keys[0][0]}, lockError(name, err)
 	}
-	return info, nil
+	return pickInfo(infos), nil
 }
 
-// ForceUnlock releases the lock called name under c's key prefix, whoever
-// holds it, through the release script of an Unlock: the lock's longest
-// waiter is woken, or handed the lock, by a message, exactly as after an
-// Unlock. Given owners (owner tokens, as Inspect reports them), it releases
-// only their holds, so that a lock that changed hands since it was inspected
-// stays with its new holder. It reports whether it released a hold: false
-// with a nil error means nobody (or none of owners) held the lock.
+// ForceUnlock releases the holds of the lock called name under c's key
+// prefix, whoever holds them, of every kind it finds there, each through
+// the script of its own unlock: a DistMutex's hold and a DistRWMutex's
+// write hold as Unlock releases them, a DistRWMutex's read holds as RUnlock
+// does. So the lock's waiters are woken, or handed the lock, by a message,
+// exactly as after those calls: the longest waiter of a DistMutex; the
+// readers at the head of a DistRWMutex's queue together, or its first
+// waiting writer once no reader is left. Given owners (owner tokens, as
+// Inspect reports them), it releases only their holds (every hold of each),
+// so that a lock that changed hands since it was inspected stays with its
+// new holders. It reports whether it released a hold: false with a nil
+// error means nobody (or none of owners) held the lock.
 //
-// The holder is not told: its watchdog finds the hold gone at the next
-// renewal, then its Lost channel closes and its Unlock reports ErrLockLost.
-// Until then it may still be working, so use ForceUnlock for a holder that is
-// frozen rather than dead (a dead holder's lock ends by itself within its
-// lease), and fencing where a holder that resumes must not write. The fence
-// counter is kept, so tokens keep rising.
+// The holders are not told: each one's watchdog finds its hold gone at the
+// next renewal, then its Lost channel closes and its Unlock (RUnlock)
+// reports ErrLockLost. Until then it may still be working, so use
+// ForceUnlock for a holder that is frozen rather than dead (a dead holder's
+// lock ends by itself within its lease), and fencing where a holder that
+// resumes must not write. The fence counters are kept, so tokens keep
+// rising.
 //
 // Its errors are Inspect's; after an error some of the holds may have been
 // released. On a Client made by NewQuorumClient it returns an error matching
 // errors.ErrUnsupported: release the lock through a NewClient per server.
 func (c *Client) ForceUnlock(ctx context.Context, name string, owners ...string) (released bool, err error) {
-	s, err := c.adminSpec(ctx, name)
+	t, err := c.checkAdmin(ctx, name)
 	if err != nil {
 		return false, err
 	}
-	released, err = c.be.forceUnlock(ctx, s, owners)
+	released, err = c.be.forceUnlock(ctx, t, owners)
 	if err != nil {
 		return released, lockError(name, err)
 	}
 	return released, nil
 }
 
-// adminSpec checks an Inspect or ForceUnlock call and returns the keys and
-// script arguments of lock name.
-func (c *Client) adminSpec(ctx context.Context, name string) (*lockSpec, error) {
+// adminKind is one kind of lock as Inspect and ForceUnlock see it. Another
+// kind of lock is one more entry in adminKinds (and, for a structure
+// inspect.lua does not read yet, one more letter there and in readRole).
+type adminKind struct {
+	name  string                             // LockInfo.Kind
+	keys  func(prefix, name string) []string // its keys, in the order of roles
+	roles string                             // what inspect.lua reads at each key
+	side  func(h Holder) lockKind            // the side of the lock whose release script ends h
+}
+
+// adminKinds are the kinds of lock, in the order Inspect reports them.
+var adminKinds = [...]adminKind{
+	{name: "mutex", keys: lockKeys, roles: "hfqa", side: func(Holder) lockKind { return kindMutex }},
+	{name: "rwmutex", keys: rwKeys, roles: "hfqar", side: func(h Holder) lockKind {
+		if h.Read {
+			return kindRead
+		}
+		return kindWrite
+	}},
+}
+
+// adminRoles is inspect.lua's ARGV[1]: the roles of every kind's keys.
+var adminRoles = func() interface{} {
+	var b strings.Builder
+	for _, k := range adminKinds {
+		b.WriteString(k.roles)
+	}
+	return b.String()
+}()
+
+// adminTarget is every kind of lock called name: what Inspect reads and
+// ForceUnlock releases.
+type adminTarget struct {
+	name    string
+	keys    [len(adminKinds)][]string // each kind's keys; keys[0][0] is P{name}
+	keyArgs []interface{}             // all of them, boxed, for one call of inspect.lua
+	spec    func(kind int, h Holder) *lockSpec
+}
+
+// checkAdmin checks an Inspect or ForceUnlock call and returns what it is
+// about: the keys of the locks called name, and how to release their holds.
+func (c *Client) checkAdmin(ctx context.Context, name string) (*adminTarget, error) {
 	if err := CheckName(name); err != nil {
 		return nil, err
 	}
@@ -138,57 +225,170 @@ func (c *Client) adminSpec(ctx context.Context, name string) (*lockSpec, error) 
 	if closed {
 		return nil, lockError(name, ErrClosed)
 	}
-	s := c.newSpec(name, mutexConfig{lease: DefaultLease}, kindMutex)
-	return &s, nil
-}
-
-func (n *node) inspect(ctx context.Context, s *lockSpec, subscribers bool) (LockInfo, error) {
-	v, err := n.eval(ctx, s, inspectScript)
-	if err != nil {
-		return LockInfo{}, err
-	}
-	info, err := parseInspect(s, v)
-	if err != nil || !subscribers {
-		return info, err
-	}
-	info.Subscribers, err = n.subscribers(ctx, s)
-	return info, err
-}
-
-// parseInspect decodes the reply of inspect.lua.
-func parseInspect(s *lockSpec, v interface{}) (LockInfo, error) {
-	info := LockInfo{Name: s.name, Key: s.hash(), Holders: []Holder{}, Waiters: []Waiter{}}
-	a, ok := v.([]interface{})
-	if !ok || len(a) != 4 {
-		return info, fmt.Errorf("remutex: unexpected inspect reply %v", v)
-	}
-	fields, _ := a[0].([]interface{})
-	for i := 0; i+1 < len(fields); i += 2 {
-		owner := fmt.Sprint(fields[i])
-		count, _ := strconv.Atoi(fmt.Sprint(fields[i+1]))
-		host, pid := ownerOrigin(owner)
-		info.Holders = append(info.Holders, Holder{Owner: owner, Count: count, Host: host, PID: pid})
-	}
-	slices.SortFunc(info.Holders, func(x, y Holder) int { return strings.Compare(x.Owner, y.Owner) })
-	if len(info.Holders) > 0 {
-		pttl, _ := a[1].(int64)
-		info.TTL = time.Duration(max(pttl, -1)) * time.Millisecond
-	}
-	if f := fmt.Sprint(a[2]); f != "" {
-		info.Fence, _ = strconv.ParseInt(f, 10, 64)
-	}
-	queue, _ := a[3].([]interface{})
-	for i := 0; i+1 < len(queue); i += 2 {
-		// Entry: <claim ms>:<fencing>:<wait id>:<owner> (see queue.lua).
-		parts := strings.SplitN(fmt.Sprint(queue[i]), ":", 4)
-		if len(parts) != 4 {
-			continue
+	t := &adminTarget{name: name, spec: func(kind int, h Holder) *lockSpec {
+		s := c.newSpec(name, mutexConfig{lease: DefaultLease}, adminKinds[kind].side(h))
+		return &s
+	}}
+	for i, k := range adminKinds {
+		t.keys[i] = k.keys(c.prefix, name)
+		for _, key := range t.keys[i] {
+			t.keyArgs = append(t.keyArgs, key)
 		}
-		arrived, _ := strconv.ParseFloat(fmt.Sprint(queue[i+1]), 64)
-		host, pid := ownerOrigin(parts[3])
-		info.Waiters = append(info.Waiters, Waiter{Owner: parts[3], Host: host, PID: pid, Since: time.UnixMicro(int64(arrived))})
 	}
-	return info, nil
+	return t, nil
+}
+
+// homes are the keys of kind i whose channels (<key>:released:<client id>)
+// its waiters' Clients listen on: those its holds live in.
+func (t *adminTarget) homes(i int) []string {
+	var homes []string
+	for j, role := range adminKinds[i].roles {
+		if role == 'h' || role == 'r' {
+			homes = append(homes, t.keys[i][j])
+		}
+	}
+	return homes
+}
+
+// pickInfo returns the first kind of lock in infos (one per adminKinds)
+// that has state, with the others that have some in Others; with none, a
+// LockInfo of Kind "" for the DistMutex's key.
+func pickInfo(infos []LockInfo) LockInfo {
+	var found []LockInfo
+	for _, info := range infos {
+		if len(info.Holders) > 0 || len(info.Waiters) > 0 || info.Fence != 0 || info.Subscribers > 0 {
+			found = append(found, info)
+		}
+	}
+	if len(found) == 0 {
+		info := infos[0]
+		info.Kind = ""
+		return info
+	}
+	info := found[0]
+	if len(found) > 1 {
+		info.Others = found[1:]
+	}
+	return info
+}
+
+func (n *node) inspect(ctx context.Context, t *adminTarget, subscribers bool) ([]LockInfo, error) {
+	v, err := n.evalOn(ctx, t.keyArgs, inspectScript, adminRoles)
+	if err != nil {
+		return nil, err
+	}
+	infos, err := parseInspect(t, v)
+	if err != nil || !subscribers {
+		return infos, err
+	}
+	return infos, n.subscribers(ctx, t, infos)
+}
+
+// parseInspect decodes the reply of inspect.lua: one LockInfo per kind of
+// lock, in the order of adminKinds.
+func parseInspect(t *adminTarget, v interface{}) ([]LockInfo, error) {
+	a, ok := v.([]interface{})
+	if !ok || len(a) != len(t.keyArgs) {
+		return nil, fmt.Errorf("remutex: unexpected inspect reply %v", v)
+	}
+	infos := make([]LockInfo, len(adminKinds))
+	for i, k := range adminKinds {
+		info := LockInfo{Name: t.name, Key: t.keys[i][0], Kind: k.name, Holders: []Holder{}, Waiters: []Waiter{}}
+		for j := range k.roles {
+			readRole(&info, k.roles[j], a[j])
+		}
+		a = a[len(k.roles):]
+		settle(&info)
+		infos[i] = info
+	}
+	return infos, nil
+}
+
+// readRole adds to info what inspect.lua read at one key of role r (see
+// there).
+func readRole(info *LockInfo, r byte, v interface{}) {
+	switch r {
+	case 'h':
+		hp, _ := v.([]interface{})
+		if len(hp) != 2 {
+			return
+		}
+		fields, _ := hp[0].([]interface{})
+		pttl, _ := hp[1].(int64)
+		for i := 0; i+1 < len(fields); i += 2 {
+			count, _ := strconv.Atoi(fmt.Sprint(fields[i+1]))
+			info.Holders = append(info.Holders, newHolder(fmt.Sprint(fields[i]), count, false, pttl))
+		}
+	case 'r':
+		readers, _ := v.([]interface{})
+		for i := 0; i+1 < len(readers); i += 2 {
+			ms, _ := readers[i+1].(int64)
+			info.Holders = append(info.Holders, newHolder(fmt.Sprint(readers[i]), 1, true, ms))
+		}
+	case 'f':
+		if f := fmt.Sprint(v); f != "" {
+			info.Fence, _ = strconv.ParseInt(f, 10, 64)
+		}
+	case 'q':
+		queue, _ := v.([]interface{})
+		for i := 0; i+1 < len(queue); i += 2 {
+			w, flag, ok := parseWaiter(fmt.Sprint(queue[i]), fmt.Sprint(queue[i+1]))
+			if !ok {
+				continue
+			}
+			info.Waiters = append(info.Waiters, w)
+			if flag == "w" || flag == "W" {
+				info.WritersWaiting++
+			}
+		}
+	}
+}
+
+func newHolder(owner string, count int, read bool, ttlMs int64) Holder {
+	host, pid := ownerOrigin(owner)
+	return Holder{Owner: owner, Count: count, Read: read, TTL: time.Duration(max(ttlMs, -1)) * time.Millisecond, Host: host, PID: pid}
+}
+
+// parseWaiter decodes a queue entry, <claim ms>:<flag>:<wait id>:<owner>
+// (see enqueue.lua and rw.lua: the flag of a DistRWMutex's reader is r or R,
+// of its writer w or W), and its arrival in server µs.
+func parseWaiter(entry, arrival string) (w Waiter, flag string, ok bool) {
+	parts := strings.SplitN(entry, ":", 4)
+	if len(parts) != 4 {
+		return Waiter{}, "", false
+	}
+	arrived, _ := strconv.ParseFloat(arrival, 64)
+	host, pid := ownerOrigin(parts[3])
+	flag = parts[1]
+	w = Waiter{Owner: parts[3], Read: flag == "r" || flag == "R", Host: host, PID: pid, Since: time.UnixMicro(int64(arrived))}
+	return w, flag, true
+}
+
+// settle orders info's holders and sums up its holds.
+func settle(info *LockInfo) {
+	slices.SortFunc(info.Holders, func(x, y Holder) int {
+		if c := strings.Compare(x.Owner, y.Owner); c != 0 {
+			return c
+		}
+		if x.Read == y.Read {
+			return 0
+		}
+		if x.Read {
+			return 1
+		}
+		return -1
+	})
+	unexpiring := false
+	for _, h := range info.Holders {
+		if h.Read {
+			info.Readers++
+		}
+		unexpiring = unexpiring || h.TTL < 0
+		info.TTL = max(info.TTL, h.TTL)
+	}
+	if unexpiring {
+		info.TTL = -time.Millisecond
+	}
 }
 
 // ownerOrigin returns the host and pid in the Client id of an owner token
@@ -206,36 +406,61 @@ func ownerOrigin(owner string) (host string, pid int) {
 	return id[first+1 : last], pid
 }
 
-// subscribers counts the Clients subscribed to the lock's channels
-// (P{N}:released:<client id>, one per Client). On a Redis 7 cluster they are
-// shard channels of the master serving the lock's slot; with classic pub/sub
-// on a cluster a Client's connection may be on any node, so all are asked.
-func (n *node) subscribers(ctx context.Context, s *lockSpec) (int, error) {
-	pattern := globEscape(s.hash()+releasedInfix) + "*"
-	cc, ok := n.rdb.(*redis.ClusterClient)
-	if !ok {
-		return countSubscribers(ctx, n.rdb, pattern, false)
-	}
-	if n.sharded(ctx) {
-		master, err := cc.MasterForKey(ctx, s.hash())
-		if err != nil {
-			return 0, err
+// subscribers sets the Subscribers of each kind of lock in infos: the
+// Clients subscribed to the channels of the keys its holds live in
+// (<key>:released:<client id>). One pattern, P{N}:*, finds those of every
+// kind; channelKind tells them apart. On a Redis 7 cluster they are shard
+// channels of the master serving the locks' slot; with classic pub/sub on a
+// cluster a Client's connection may be on any node, so all are asked.
+func (n *node) subscribers(ctx context.Context, t *adminTarget, infos []LockInfo) error {
+	base := t.keys[0][0]
+	pattern := globEscape(base) + ":*"
+	var mu sync.Mutex
+	count := func(ctx context.Context, r redis.Cmdable, sharded bool) error {
+		subs, err := countSubscribers(ctx, r, pattern, sharded, t.channelKind)
+		mu.Lock()
+		defer mu.Unlock()
+		for kind, k := range subs {
+			infos[kind].Subscribers += k
 		}
-		return countSubscribers(ctx, master, pattern, true)
-	}
-	var total atomic.Int64
-	err := cc.ForEachShard(ctx, func(ctx context.Context, shard *redis.Client) error {
-		k, err := countSubscribers(ctx, shard, pattern, false)
-		total.Add(int64(k))
 		return err
+	}
+	cc, ok := n.rdb.(*redis.ClusterClient)
+	switch {
+	case !ok:
+		return count(ctx, n.rdb, false)
+	case n.sharded(ctx):
+		master, err := cc.MasterForKey(ctx, base)
+		if err != nil {
+			return err
+		}
+		return count(ctx, master, true)
+	}
+	return cc.ForEachShard(ctx, func(ctx context.Context, shard *redis.Client) error {
+		return count(ctx, shard, false)
 	})
-	return int(total.Load()), err
 }
 
-// countSubscribers adds up the subscribers of the channels that match
-// pattern on one server (or, for a *redis.Client of a single deployment, on
-// its server).
-func countSubscribers(ctx context.Context, r redis.Cmdable, pattern string, sharded bool) (int, error) {
+// channelKind returns the index in adminKinds of the lock whose channel ch
+// is, or -1 for a channel of no lock of t (another name's, which the
+// pattern P{N}:* may match: its key ends in '}' where ours go on, or its
+// channel has a ':' after our infix, where a Client id has none).
+func (t *adminTarget) channelKind(ch string) int {
+	for i := range adminKinds {
+		for _, home := range t.homes(i) {
+			id, ok := strings.CutPrefix(ch, home+releasedInfix)
+			if ok && id != "" && !strings.Contains(id, ":") {
+				return i
+			}
+		}
+	}
+	return -1
+}
+
+// countSubscribers adds up, per kind of lock, the subscribers of the
+// channels that match pattern on one server (or, for a *redis.Client of a
+// single deployment, on its server) and that kindOf says are a lock's.
+func countSubscribers(ctx context.Context, r redis.Cmdable, pattern string, sharded bool, kindOf func(string) int) (map[int]int, error) {
 	var chans []string
 	var err error
 	if sharded {
@@ -243,8 +468,9 @@ func countSubscribers(ctx context.Context, r redis.Cmdable, pattern string, shar
 	} else {
 		chans, err = r.PubSubChannels(ctx, pattern).Result()
 	}
+	chans = slices.DeleteFunc(chans, func(ch string) bool { return kindOf(ch) < 0 })
 	if err != nil || len(chans) == 0 {
-		return 0, err
+		return nil, err
 	}
 	var subs map[string]int64
 	if sharded {
@@ -252,11 +478,13 @@ func countSubscribers(ctx context.Context, r redis.Cmdable, pattern string, shar
 	} else {
 		subs, err = r.PubSubNumSub(ctx, chans...).Result()
 	}
-	total := 0
-	for _, k := range subs {
-		total += int(k)
+	counts := make(map[int]int)
+	for ch, k := range subs {
+		if kind := kindOf(ch); kind >= 0 {
+			counts[kind] += int(k)
+		}
 	}
-	return total, err
+	return counts, err
 }
 
 // globEscape quotes the characters that Redis glob patterns treat
@@ -275,23 +503,26 @@ func globEscape(s string) string {
 	return b.String()
 }
 
-// forceUnlock releases, with release.lua, each holder of the lock that
-// inspect finds (only those in owners, if any are given).
-func (n *node) forceUnlock(ctx context.Context, s *lockSpec, owners []string) (bool, error) {
-	info, err := n.inspect(ctx, s, false)
+// forceUnlock releases each hold that inspect finds, of every kind of lock
+// (only those of owners, if any are given), with the release script of its
+// kind and side, as its own final unlock would.
+func (n *node) forceUnlock(ctx context.Context, t *adminTarget, owners []string) (bool, error) {
+	infos, err := n.inspect(ctx, t, false)
 	if err != nil {
 		return false, err
 	}
 	released := false
-	for _, h := range info.Holders {
-		if len(owners) > 0 && !slices.Contains(owners, h.Owner) {
-			continue
+	for kind, info := range infos {
+		for _, h := range info.Holders {
+			if len(owners) > 0 && !slices.Contains(owners, h.Owner) {
+				continue
+			}
+			res, err := n.release(ctx, t.spec(kind, h), h.Owner, 0, "0")
+			if err != nil {
+				return released, err
+			}
+			released = released || res != releaseNotHeld
 		}
-		res, err := n.release(ctx, s, h.Owner, 0, "0")
-		if err != nil {
-			return released, err
-		}
-		released = released || res != releaseNotHeld
 	}
 	return released, nil
 }
@@ -300,10 +531,10 @@ func (n *node) forceUnlock(ctx context.Context, s *lockSpec, owners []string) (b
 // its own view of a lock, which no single LockInfo describes.
 var errQuorumAdmin = fmt.Errorf("remutex: %w on a quorum Client (NewQuorumClient): use a NewClient per server", errors.ErrUnsupported)
 
-func (q *quorum) inspect(context.Context, *lockSpec, bool) (LockInfo, error) {
-	return LockInfo{}, errQuorumAdmin
+func (q *quorum) inspect(context.Context, *adminTarget, bool) ([]LockInfo, error) {
+	return nil, errQuorumAdmin
 }
 
-func (q *quorum) forceUnlock(context.Context, *lockSpec, []string) (bool, error) {
+func (q *quorum) forceUnlock(context.Context, *adminTarget, []string) (bool, error) {
 	return false, errQuorumAdmin
 }

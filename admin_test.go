@@ -3,6 +3,7 @@ package remutex
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"regexp"
 	"strconv"
@@ -222,6 +223,10 @@ func TestAdminErrors(t *testing.T) {
 			{"list at the fence key", func(k lockKeyNames) string { return k.fence }, func(key string) error { return rdb.RPush(ctx, key, "precious").Err() }, "list"},
 			{"text at the fence key", func(k lockKeyNames) string { return k.fence }, func(key string) error { return rdb.Set(ctx, key, "precious", 0).Err() }, nonInteger},
 			{"hash at the queue key", func(k lockKeyNames) string { return k.queue }, func(key string) error { return rdb.HSet(ctx, key, "f", "precious").Err() }, "hash"},
+			{"string at the read/write lock's writer key", func(k lockKeyNames) string { return k.hash + ":rw" }, func(key string) error { return rdb.Set(ctx, key, "precious", 0).Err() }, "string"},
+			{"hash at the read/write lock's readers key", func(k lockKeyNames) string { return k.hash + ":rw:readers" }, func(key string) error { return rdb.HSet(ctx, key, "f", "precious").Err() }, "hash"},
+			{"text at the read/write lock's fence key", func(k lockKeyNames) string { return k.hash + ":rw:fence" }, func(key string) error { return rdb.Set(ctx, key, "precious", 0).Err() }, nonInteger},
+			{"string at the read/write lock's queue liveness key", func(k lockKeyNames) string { return k.hash + ":rw:queue:alive" }, func(key string) error { return rdb.Set(ctx, key, "precious", 0).Err() }, "string"},
 		} {
 			name := lockName(t) + "." + tc.what
 			k := keysOf(name)
@@ -310,4 +315,369 @@ func TestAdminCluster(t *testing.T) {
 	assert.ErrorIs(t, m.UnlockContext(ctx), ErrLockLost)
 	w.unlock()
 	require.NoError(t, await(t, w.unlocked, "the waiter's UnlockContext"))
+}
+
+// adminHold holds a lock on a goroutine of its own: it locks at once, then
+// unlocks when told to. Its context is cancelled at cleanup, which ends a
+// wait, and its goroutine joined.
+type adminHold struct {
+	locked   chan error // the result of the lock call
+	lost     <-chan struct{}
+	fence    int64 // lost and fence are set before locked gets nil
+	release  chan struct{}
+	unlocked chan error // the result of the unlock call
+	exited   chan struct{}
+}
+
+// goRW holds rw's write lock, or with read its read lock, on a goroutine of
+// its own (see adminHold).
+func goRW(t *testing.T, rw *DistRWMutex, read bool) *adminHold {
+	t.Helper()
+	lock, unlock := rw.LockContext, rw.UnlockContext
+	if read {
+		lock, unlock = rw.RLockContext, rw.RUnlockContext
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	h := &adminHold{locked: make(chan error, 1), release: make(chan struct{}), unlocked: make(chan error, 1), exited: make(chan struct{})}
+	go func() {
+		defer close(h.exited)
+		err := lock(ctx)
+		if err == nil {
+			h.lost, h.fence = rw.Lost(), rw.Fence()
+		}
+		h.locked <- err
+		if err != nil {
+			return
+		}
+		select {
+		case <-h.release:
+		case <-ctx.Done():
+		}
+		h.unlocked <- unlock(context.Background())
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-h.exited
+	})
+	return h
+}
+
+// awaitLocked waits for h to hold its lock.
+func (h *adminHold) awaitLocked(t *testing.T, what string) {
+	t.Helper()
+	require.NoError(t, await(t, h.locked, what))
+}
+
+// unlock tells h to unlock and returns the unlock call's result.
+func (h *adminHold) unlock(t *testing.T, what string) error {
+	t.Helper()
+	close(h.release)
+	return await(t, h.unlocked, what)
+}
+
+// notLocked fails the test if h holds its lock already.
+func (h *adminHold) notLocked(t *testing.T, what string) {
+	t.Helper()
+	select {
+	case err := <-h.locked:
+		t.Fatalf("%s: got the lock (%v), want it still waiting", what, err)
+	default:
+	}
+}
+
+// inspectUntil inspects lock name until cond holds, and returns what it read.
+func inspectUntil(t *testing.T, c *Client, name, what string, cond func(LockInfo) bool) LockInfo {
+	t.Helper()
+	var info LockInfo
+	waitFor(t, what, func() bool {
+		var err error
+		info, err = c.Inspect(context.Background(), name)
+		require.NoError(t, err)
+		return cond(info)
+	})
+	return info
+}
+
+// assertHolder checks one hold that Inspect reported: its owner's Client,
+// mode, count, and a lease within lease.
+func assertHolder(t *testing.T, h Holder, c *Client, read bool, count int, lease time.Duration) {
+	t.Helper()
+	assert.True(t, strings.HasPrefix(h.Owner, c.id+":"), "holder %q: want an owner token of Client %s", h.Owner, c.id)
+	assert.Equal(t, read, h.Read, "holder %q: Read", h.Owner)
+	assert.Equal(t, count, h.Count, "holder %q: hold count", h.Owner)
+	assert.True(t, h.TTL > 0 && h.TTL <= lease, "holder %q: TTL %v, want within the %v lease", h.Owner, h.TTL, lease)
+	assert.Equal(t, os.Getpid(), h.PID, "holder %q: pid", h.Owner)
+}
+
+// assertWaiter checks one queue entry that Inspect reported.
+func assertWaiter(t *testing.T, w Waiter, c *Client, read bool) {
+	t.Helper()
+	assert.True(t, strings.HasPrefix(w.Owner, c.id+":"), "waiter %q: want an owner token of Client %s", w.Owner, c.id)
+	assert.Equal(t, read, w.Read, "waiter %q: Read", w.Owner)
+	assert.Equal(t, os.Getpid(), w.PID, "waiter %q: pid", w.Owner)
+}
+
+// TestInspectRWMutex reads a DistRWMutex held for writing (nested, fenced)
+// with two readers and then a writer queued, then held by the two readers
+// that the write's Unlock let in, the writer still queued, and at last
+// free; and Inspect costs one script call.
+func TestInspectRWMutex(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *testBackend) {
+		name := lockName(t)
+		k, rdb := rwKeysOf(name), b.rdb(t)
+		const lease = 10 * time.Second
+		var calls commandLog
+		ardb := b.rdb(t)
+		ardb.AddHook(&calls)
+		admin := clientOn(t, ardb)
+		cw, cr1, cr2, cw2 := b.client(t), b.client(t), b.client(t), b.client(t)
+
+		w := cw.NewRWMutex(name, WithFencing(), WithLease(lease))
+		g := newFaultGoroutine(t)
+		var fence int64
+		g.do(t, hangGuard, "Lock twice", func() { w.Lock(); w.Lock(); fence = w.Fence() })
+		r1 := goRW(t, cr1.NewRWMutex(name, WithLease(lease)), true)
+		awaitQueued(t, rdb, k, 1)
+		r2 := goRW(t, cr2.NewRWMutex(name, WithLease(lease)), true)
+		awaitQueued(t, rdb, k, 2)
+		w2 := goRW(t, cw2.NewRWMutex(name, WithLease(lease)), false)
+		inspectUntil(t, admin, name, "three waiters queued and subscribed", func(i LockInfo) bool {
+			return len(i.Waiters) == 3 && i.Subscribers == 3
+		})
+		start := time.Now()
+		info, err := admin.Inspect(context.Background(), name)
+		require.NoError(t, err)
+		assert.Equal(t, 1, scriptCalls(calls.since(start)), "script calls of one Inspect")
+		assert.Equal(t, 3, info.Subscribers, "subscribers: the three waiting Clients")
+
+		assert.Equal(t, "rwmutex", info.Kind, "Kind")
+		assert.Equal(t, k.w, info.Key, "Key: the writer hash")
+		if assert.Len(t, info.Holders, 1, "holders") {
+			assertHolder(t, info.Holders[0], cw, false, 2, lease)
+			assert.Equal(t, info.Holders[0].TTL, info.TTL, "the lock's TTL: its writer's")
+		}
+		assert.Equal(t, fence, info.Fence, "fence: the writer's token")
+		assert.Zero(t, info.Readers, "readers")
+		if assert.Len(t, info.Waiters, 3, "waiters") {
+			assertWaiter(t, info.Waiters[0], cr1, true)
+			assertWaiter(t, info.Waiters[1], cr2, true)
+			assertWaiter(t, info.Waiters[2], cw2, false)
+		}
+		assert.Equal(t, 1, info.WritersWaiting, "writers waiting")
+		assert.Nil(t, info.Others, "others: no mutex of the name")
+
+		// The write's Unlock lets in both readers at the head of the queue.
+		g.do(t, hangGuard, "Unlock twice", func() { w.Unlock(); w.Unlock() })
+		r1.awaitLocked(t, "the first reader once the writer left")
+		r2.awaitLocked(t, "the second reader once the writer left")
+		info, err = admin.Inspect(context.Background(), name)
+		require.NoError(t, err)
+		assert.Equal(t, "rwmutex", info.Kind, "Kind while read")
+		if assert.Len(t, info.Holders, 2, "holders while read") {
+			readers := []*Client{cr1, cr2}
+			if info.Holders[0].Owner > info.Holders[1].Owner {
+				t.Errorf("holders not sorted by owner: %q, %q", info.Holders[0].Owner, info.Holders[1].Owner)
+			}
+			if strings.HasPrefix(info.Holders[0].Owner, cr2.id) {
+				readers[0], readers[1] = cr2, cr1
+			}
+			for i, h := range info.Holders {
+				assertHolder(t, h, readers[i], true, 1, lease)
+			}
+			assert.Equal(t, max(info.Holders[0].TTL, info.Holders[1].TTL), info.TTL, "the lock's TTL: its longest read lease")
+		}
+		assert.Equal(t, 2, info.Readers, "readers")
+		if assert.Len(t, info.Waiters, 1, "waiters while read") {
+			assertWaiter(t, info.Waiters[0], cw2, false)
+		}
+		assert.Equal(t, 1, info.WritersWaiting, "writers waiting while read")
+		assert.Equal(t, fence, info.Fence, "fence while read")
+		w2.notLocked(t, "the writer while two readers hold")
+
+		require.NoError(t, r1.unlock(t, "the first reader's RUnlock"))
+		require.NoError(t, r2.unlock(t, "the second reader's RUnlock"))
+		w2.awaitLocked(t, "the writer once the readers left")
+		require.NoError(t, w2.unlock(t, "the writer's Unlock"))
+		info, err = admin.Inspect(context.Background(), name)
+		require.NoError(t, err)
+		assert.Equal(t, "rwmutex", info.Kind, "Kind of a free read/write lock with a fence counter")
+		assert.Empty(t, info.Holders, "holders of the free lock")
+		assert.Zero(t, info.TTL, "TTL of the free lock")
+		assert.Equal(t, fence, info.Fence, "fence: the counter stays (the second writer takes no token)")
+	})
+}
+
+// scriptCalls counts the script calls (EVALSHA, EVAL) among cmds.
+func scriptCalls(cmds []loggedCommand) int {
+	n := 0
+	for _, c := range cmds {
+		if cmd := strings.ToLower(fmt.Sprint(c.args[0])); cmd == "evalsha" || cmd == "eval" {
+			n++
+		}
+	}
+	return n
+}
+
+// TestForceUnlockRWMutex frees a DistRWMutex held for writing by another
+// Client: the two readers queued at its head are handed the lock by a
+// message each, as after an Unlock, and the writer queued behind them stays
+// queued; the holder finds its hold lost. Then the read holds are released,
+// one owner's first: the last one hands the lock to the waiting writer.
+func TestForceUnlockRWMutex(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *testBackend) {
+		name := lockName(t)
+		k, rdb := rwKeysOf(name), b.rdb(t)
+		ctx := testCtx(t, hangGuard)
+		const short = 900 * time.Millisecond // renewed every 300ms: a loss is found soon
+		admin := b.client(t)
+		cw, errs := clientWithErrors(t, b.rdb(t))
+		cr1, cr2, cw2 := b.client(t), b.client(t), b.client(t)
+
+		w := goRW(t, cw.NewRWMutex(name, WithFencing(), WithLease(short)), false)
+		w.awaitLocked(t, "the writer")
+		ps := rdb.Subscribe(ctx, k.readers+releasedInfix+cr1.id, k.readers+releasedInfix+cr2.id, k.w+releasedInfix+cw2.id)
+		t.Cleanup(func() { _ = ps.Close() })
+		for range 3 {
+			_, err := ps.Receive(ctx)
+			require.NoError(t, err)
+		}
+		r1 := goRW(t, cr1.NewRWMutex(name, WithLease(short)), true)
+		awaitQueued(t, rdb, k, 1)
+		r2 := goRW(t, cr2.NewRWMutex(name, WithLease(short)), true)
+		awaitQueued(t, rdb, k, 2)
+		w2 := goRW(t, cw2.NewRWMutex(name, WithFencing(), WithLease(short)), false)
+		awaitQueued(t, rdb, k, 3)
+
+		released, err := admin.ForceUnlock(ctx, name, "someone:1")
+		require.NoError(t, err)
+		assert.False(t, released, "ForceUnlock of an owner that holds nothing")
+		assert.Equal(t, rwState{1, 0, 3}, rwStateOf(t, rdb, k), "writers, readers, queued after that")
+
+		released, err = admin.ForceUnlock(ctx, name)
+		require.NoError(t, err)
+		assert.True(t, released, "ForceUnlock of the writer")
+		msgs := map[string]string{}
+		for range 2 {
+			msg := await(t, ps.Channel(), "a grant to each reader's Client")
+			msgs[msg.Channel] = msg.Payload
+		}
+		for _, c := range []*Client{cr1, cr2} {
+			assert.Regexp(t, `^g 0 `, msgs[k.readers+releasedInfix+c.id], "the message to reader Client %s: a grant", c.id)
+		}
+		r1.awaitLocked(t, "the first reader, handed the lock")
+		r2.awaitLocked(t, "the second reader, handed the lock")
+		await(t, w.lost, "the writer's Lost to close")
+		assert.ErrorIs(t, w.unlock(t, "the writer's UnlockContext"), ErrLockLost)
+		errs.await(t, ErrLockLost, hangGuard, "the writer's error handler to hear of the loss")
+		w2.notLocked(t, "the queued writer while the readers hold")
+
+		info, err := admin.Inspect(ctx, name)
+		require.NoError(t, err)
+		require.Equal(t, 2, info.Readers, "readers after the forced release")
+		assert.Equal(t, 1, info.WritersWaiting, "writers waiting after the forced release")
+		first, last := r1, r2 // by owner token, as Inspect sorts them
+		if strings.HasPrefix(info.Holders[0].Owner, cr2.id) {
+			first, last = r2, r1
+		}
+		released, err = admin.ForceUnlock(ctx, name, info.Holders[0].Owner)
+		require.NoError(t, err)
+		assert.True(t, released, "ForceUnlock of one reader")
+		assert.Equal(t, rwState{0, 1, 1}, rwStateOf(t, rdb, k), "writers, readers, queued with one reader left")
+		w2.notLocked(t, "the queued writer while a reader holds")
+		await(t, first.lost, "the released reader's Lost to close")
+		assert.ErrorIs(t, first.unlock(t, "the released reader's RUnlockContext"), ErrLockLost)
+
+		released, err = admin.ForceUnlock(ctx, name)
+		require.NoError(t, err)
+		assert.True(t, released, "ForceUnlock of the last reader")
+		msg := await(t, ps.Channel(), "a grant to the waiting writer's Client")
+		assert.Equal(t, k.w+releasedInfix+cw2.id, msg.Channel, "the message's channel")
+		assert.Regexp(t, `^g \d+ `, msg.Payload, "the message to the writer's Client: a grant")
+		w2.awaitLocked(t, "the waiting writer, handed the lock")
+		assert.Greater(t, w2.fence, w.fence, "the second writer's fencing token")
+		await(t, last.lost, "the last reader's Lost to close")
+		assert.ErrorIs(t, last.unlock(t, "the last reader's RUnlockContext"), ErrLockLost)
+		require.NoError(t, w2.unlock(t, "the second writer's Unlock"))
+		assert.Zero(t, rdb.Exists(ctx, k.w, k.readers, k.queue, k.alive).Val(), "keys left")
+	})
+}
+
+// TestAdminMixedKinds: a DistMutex and a DistRWMutex of one name are two
+// locks, and Inspect shows both (the mutex first, the other in Others) in
+// one script call; ForceUnlock releases the holds of both, or those of the
+// owners given.
+func TestAdminMixedKinds(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *testBackend) {
+		name := lockName(t)
+		k, mk, rdb := rwKeysOf(name), keysOf(name), b.rdb(t)
+		ctx := testCtx(t, hangGuard)
+		var calls commandLog
+		ardb := b.rdb(t)
+		ardb.AddHook(&calls)
+		admin := clientOn(t, ardb)
+		cm, cr, cw := b.client(t), b.client(t), b.client(t)
+
+		m := goLock(t, cm.NewMutex(name))
+		require.NoError(t, await(t, m.locked, "the mutex"))
+		r := goRW(t, cr.NewRWMutex(name), true)
+		r.awaitLocked(t, "the read lock")
+		_, err := admin.Inspect(ctx, name) // loads the script on a fresh server (EVALSHA, NOSCRIPT, EVAL)
+		require.NoError(t, err)
+		start := time.Now()
+		info, err := admin.Inspect(ctx, name)
+		require.NoError(t, err)
+		assert.Equal(t, 1, scriptCalls(calls.since(start)), "script calls of one Inspect of two kinds")
+		assert.Equal(t, "mutex", info.Kind, "Kind: the mutex first")
+		assert.Equal(t, mk.hash, info.Key)
+		if assert.Len(t, info.Holders, 1, "the mutex's holders") {
+			assertHolder(t, info.Holders[0], cm, false, 1, DefaultLease)
+		}
+		assert.Zero(t, info.Readers, "the mutex's readers")
+		require.Len(t, info.Others, 1, "others")
+		o := info.Others[0]
+		assert.Equal(t, "rwmutex", o.Kind, "the other's Kind")
+		assert.Equal(t, k.w, o.Key, "the other's Key")
+		if assert.Len(t, o.Holders, 1, "the read/write lock's holders") {
+			assertHolder(t, o.Holders[0], cr, true, 1, DefaultLease)
+		}
+		assert.Equal(t, 1, o.Readers, "the read/write lock's readers")
+		assert.Nil(t, o.Others, "the other's Others")
+
+		released, err := admin.ForceUnlock(ctx, name, o.Holders[0].Owner)
+		require.NoError(t, err)
+		assert.True(t, released, "ForceUnlock of the reader")
+		info, err = admin.Inspect(ctx, name)
+		require.NoError(t, err)
+		assert.Equal(t, "mutex", info.Kind, "Kind after the reader's release")
+		assert.Len(t, info.Holders, 1, "the mutex's holders after the reader's release")
+		assert.Nil(t, info.Others, "others after the reader's release")
+		// Its RUnlock finds nothing: taken as a resend, done, unless its
+		// watchdog found the loss first.
+		if err := r.unlock(t, "the released reader's RUnlockContext"); err != nil {
+			assert.ErrorIs(t, err, ErrLockLost, "the released reader's RUnlockContext")
+		}
+
+		m.release()
+		require.NoError(t, await(t, m.unlocked, "the mutex's Unlock"))
+		wr := goRW(t, cw.NewRWMutex(name), false)
+		wr.awaitLocked(t, "the write lock")
+		info, err = admin.Inspect(ctx, name)
+		require.NoError(t, err)
+		assert.Equal(t, "rwmutex", info.Kind, "Kind with the read/write lock alone")
+		assert.Equal(t, k.w, info.Key)
+		if assert.Len(t, info.Holders, 1, "the writer") {
+			assertHolder(t, info.Holders[0], cw, false, 1, DefaultLease)
+		}
+		assert.Nil(t, info.Others)
+
+		m2 := goLock(t, cm.NewMutex(name))
+		require.NoError(t, await(t, m2.locked, "the mutex again"))
+		released, err = admin.ForceUnlock(ctx, name)
+		require.NoError(t, err)
+		assert.True(t, released, "ForceUnlock of both kinds")
+		info, err = admin.Inspect(ctx, name)
+		require.NoError(t, err)
+		assert.Equal(t, LockInfo{Name: name, Key: mk.hash, Holders: []Holder{}, Waiters: []Waiter{}}, info, "nothing under the name")
+		assert.Zero(t, rdb.Exists(ctx, mk.hash, k.w, k.readers).Val(), "keys left")
+	})
 }

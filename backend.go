@@ -73,8 +73,8 @@ type backend interface {
 	// acked reports whether grants must be confirmed by an acknowledged call.
 	acked() bool
 	// inspect and forceUnlock serve Client.Inspect and Client.ForceUnlock.
-	inspect(ctx context.Context, s *lockSpec, subscribers bool) (LockInfo, error)
-	forceUnlock(ctx context.Context, s *lockSpec, owners []string) (bool, error)
+	inspect(ctx context.Context, t *adminTarget, subscribers bool) ([]LockInfo, error)
+	forceUnlock(ctx context.Context, t *adminTarget, owners []string) (bool, error)
 	subscriptions
 }
 

@@ -47,3 +47,39 @@ func ExampleClient_Inspect() {
 	// released: true <nil>
 	// holders now: 0
 }
+
+// Inspect and ForceUnlock see a read/write lock too: here the write lock of
+// a process that froze, released so that readers can enter.
+func ExampleClient_Inspect_rwMutex() {
+	addr, stop := exampleRedis()
+	defer stop()
+	ctx := context.Background()
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	defer rdb.Close()
+
+	worker := remutex.NewClient(rdb) // stands for a process that froze while writing
+	defer worker.Close()
+	worker.NewRWMutex("config:app").Lock()
+
+	admin := remutex.NewClient(rdb)
+	defer admin.Close()
+	info, err := admin.Inspect(ctx, "config:app")
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("kind:", info.Kind, "holders:", len(info.Holders), "read hold:", info.Holders[0].Read)
+
+	released, err := admin.ForceUnlock(ctx, "config:app")
+	fmt.Println("released:", released, err)
+
+	reader := admin.NewRWMutex("config:app")
+	fmt.Println("a reader enters:", reader.TryRLock())
+	info, _ = admin.Inspect(ctx, "config:app")
+	fmt.Println("readers now:", info.Readers, "read hold:", info.Holders[0].Read)
+	reader.RUnlock()
+	// Output:
+	// kind: rwmutex holders: 1 read hold: false
+	// released: true <nil>
+	// a reader enters: true
+	// readers now: 1 read hold: true
+}

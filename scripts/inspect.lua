@@ -1,37 +1,82 @@
--- inspect: read a lock's state in one step for Client.Inspect; writes nothing.
+-- inspect: read every kind of lock under one name in one step, for
+-- Client.Inspect and Client.ForceUnlock; writes nothing.
 --
--- KEYS = hash, fence counter, queue, queue:alive (see acquire.lua).
--- Returns {hash fields and hold counts (flat), PTTL of the hash, fence
--- counter ('' if none), live queue entries and their arrival in server µs
--- (flat, in arrival order)}; for a key of another type, or a fence counter
--- that is not an integer, the error reply of acquire ('WRONGTYPE remutex
--- <type> <key>').
-local want = {'hash', 'string', 'zset', 'zset'}
-for i = 1, 4 do
+-- KEYS = the keys of each kind of lock in turn (see adminKinds in admin.go;
+-- they all begin with P{N}, so they share one cluster slot). ARGV[1] says
+-- what each key is, one letter a key:
+--   h  holders in a hash (owner -> hold count): a DistMutex, the writer of a
+--      DistRWMutex
+--   r  read holders in a sorted set (owner -> deadline, server ms)
+--   f  a fence counter
+--   q  a queue (entry -> arrival, server µs), followed by
+--   a  its liveness (entry -> deadline, server ms)
+-- Returns one element a key: h {fields and counts (flat), PTTL}; r {live
+-- holders and their remaining ms (flat)}; f the counter, '' if none; q the
+-- live entries and their arrival (flat, in arrival order); a 0. For a key
+-- of another type, or a fence counter that is not an integer, the error
+-- reply of acquire ('WRONGTYPE remutex <type> <key>').
+local roles = ARGV[1]
+local want = {h = 'hash', r = 'zset', f = 'string', q = 'zset', a = 'zset'}
+for i = 1, #KEYS do
   local t = redis.call('type', KEYS[i])
   if type(t) == 'table' then t = t['ok'] end
-  if t ~= 'none' and t ~= want[i] then
+  if t ~= 'none' and t ~= want[string.sub(roles, i, i)] then
     return redis.error_reply('WRONGTYPE remutex ' .. t .. ' ' .. KEYS[i])
   end
 end
 
-local fence = redis.call('get', KEYS[2]) or ''
-if fence ~= '' and not string.match(fence, '^%-?%d+$') then
-  return redis.error_reply('WRONGTYPE remutex non-integer ' .. KEYS[2])
-end
-
--- Live entries: those whose liveness deadline (server ms) has not passed;
--- the others are pruned by the next script that looks at the queue.
 local t = redis.call('time')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local waiters = {}
-local queue = redis.call('zrange', KEYS[3], '0', '-1', 'withscores')
-for i = 1, #queue, 2 do
-  local deadline = redis.call('zscore', KEYS[4], queue[i])
-  if deadline and tonumber(deadline) > now then
-    waiters[#waiters + 1] = queue[i]
-    waiters[#waiters + 1] = queue[i + 1]
+
+local function fence(key)
+  local f = redis.call('get', key) or ''
+  if f ~= '' and not string.match(f, '^%-?%d+$') then
+    return nil, redis.error_reply('WRONGTYPE remutex non-integer ' .. key)
   end
+  return f
 end
 
-return {redis.call('hgetall', KEYS[1]), redis.call('pttl', KEYS[1]), fence, waiters}
+-- Holds whose deadline passed are no longer holds, pruned or not.
+local function readers(key)
+  local live = {}
+  local r = redis.call('zrangebyscore', key, '(' .. string.format('%d', now), '+inf', 'withscores')
+  for i = 1, #r, 2 do
+    live[#live + 1] = r[i]
+    live[#live + 1] = tonumber(r[i + 1]) - now
+  end
+  return live
+end
+
+-- Live entries: those whose liveness deadline has not passed; the others
+-- are pruned by the next script that looks at the queue.
+local function waiters(queue, alive)
+  local live = {}
+  local q = redis.call('zrange', queue, '0', '-1', 'withscores')
+  for i = 1, #q, 2 do
+    local deadline = redis.call('zscore', alive, q[i])
+    if deadline and tonumber(deadline) > now then
+      live[#live + 1] = q[i]
+      live[#live + 1] = q[i + 1]
+    end
+  end
+  return live
+end
+
+local out = {}
+for i = 1, #KEYS do
+  local role, key = string.sub(roles, i, i), KEYS[i]
+  if role == 'h' then
+    out[i] = {redis.call('hgetall', key), redis.call('pttl', key)}
+  elseif role == 'r' then
+    out[i] = readers(key)
+  elseif role == 'f' then
+    local f, bad = fence(key)
+    if bad then return bad end
+    out[i] = f
+  elseif role == 'q' then
+    out[i] = waiters(key, KEYS[i + 1])
+  else
+    out[i] = 0
+  end
+end
+return out

@@ -36,37 +36,61 @@ func checkName(name string) error {
 	return nil
 }
 
+// Kinds of lock, as remutex.LockInfo.Kind names them.
+const (
+	kindMutex   = "mutex"   // a DistMutex: run without --read or --write
+	kindRWMutex = "rwmutex" // a DistRWMutex: run --read or --write
+)
+
 // lockStatus is what status reports about one lock; it is also the JSON
 // object of status --json.
 type lockStatus struct {
-	Name    string   `json:"name"`
-	Key     string   `json:"key"`     // the lock's hash
+	Name string `json:"name"`
+	// Key is the key the lock's holds live in: remutex:{NAME} for a mutex,
+	// remutex:{NAME}:rw for a read/write lock (the prefix is --prefix).
+	Key string `json:"key"`
+	// Kind is "mutex", "rwmutex" (a read/write lock), or "" when nothing of
+	// any kind is under the name.
+	Kind    string   `json:"kind"`
 	Held    bool     `json:"held"`    // some owner holds it
-	Holders []holder `json:"holders"` // owner tokens and hold counts; [] when free
-	// TTLMillis is the remaining lease in milliseconds: 0 when free, -1 if
-	// the key has no expiry (not something remutex leaves).
+	Holders []holder `json:"holders"` // its holds; [] when free
+	// TTLMillis is the remaining lease in milliseconds, the longest of the
+	// holds': 0 when free, -1 if a key has no expiry (not something remutex
+	// leaves).
 	TTLMillis int64 `json:"ttl_ms"`
 	// Fence is the last fencing token handed out, 0 if the lock was never
-	// taken with fencing.
+	// taken with fencing (a read/write lock: never for writing).
 	Fence int64 `json:"fence"`
+	// Readers is the number of read holds of a read/write lock.
+	Readers int64 `json:"readers"`
 	// Queued is the number of live waiters in the lock's queue in Redis.
 	Queued int64 `json:"queued"`
+	// WritersWaiting is the number of those that wait to write a read/write
+	// lock (readers that come while one waits queue behind it).
+	WritersWaiting int64 `json:"writers_waiting"`
 	// Subscribers is the number of Clients listening for the lock's
 	// messages: those waiting for it, and for a fraction of a second those
 	// that waited last.
-	Subscribers int64  `json:"subscribers"`
-	Error       string `json:"error,omitempty"` // why the lock could not be read
+	Subscribers int64 `json:"subscribers"`
+	// Others are the locks of other kinds under the same name (a mutex and
+	// a read/write lock of one name are independent locks), when more than
+	// one kind has state there.
+	Others []lockStatus `json:"others,omitempty"`
+	Error  string       `json:"error,omitempty"` // why the lock could not be read
 }
 
 type holder struct {
-	Owner string `json:"owner"` // <client id>:<goroutine id>
-	Count int64  `json:"count"` // its hold count
-	Host  string `json:"host"`  // host of the holder's process
-	PID   int    `json:"pid"`   // its process id
+	Owner     string `json:"owner"`  // <client id>:<goroutine id>
+	Count     int64  `json:"count"`  // its hold count (1 for a read hold)
+	Read      bool   `json:"read"`   // a read hold of a read/write lock
+	TTLMillis int64  `json:"ttl_ms"` // its remaining lease; -1: no expiry
+	Host      string `json:"host"`   // host of the holder's process
+	PID       int    `json:"pid"`    // its process id
 }
 
-// readStatus reads the state of lock name. A key of another type under the
-// name is reported in Error, not as err; err is a failed Redis call.
+// readStatus reads the state of lock name, of every kind. A key of another
+// type under the name is reported in Error, not as err; err is a failed
+// Redis call.
 func readStatus(ctx context.Context, locks *remutex.Client, name string) (lockStatus, error) {
 	info, err := locks.Inspect(ctx, name)
 	var wt *remutex.WrongTypeError
@@ -76,25 +100,76 @@ func readStatus(ctx context.Context, locks *remutex.Client, name string) (lockSt
 	if err != nil {
 		return lockStatus{}, err
 	}
-	st := lockStatus{
-		Name:        name,
-		Key:         info.Key,
-		Held:        len(info.Holders) > 0,
-		Holders:     make([]holder, len(info.Holders)),
-		Fence:       info.Fence,
-		Queued:      int64(len(info.Waiters)),
-		Subscribers: int64(info.Subscribers),
-	}
-	for i, h := range info.Holders {
-		st.Holders[i] = holder{Owner: h.Owner, Count: int64(h.Count), Host: h.Host, PID: h.PID}
-	}
-	switch {
-	case info.TTL < 0:
-		st.TTLMillis = -1
-	case st.Held:
-		st.TTLMillis = info.TTL.Milliseconds()
+	st := statusOf(info)
+	for _, o := range info.Others {
+		st.Others = append(st.Others, statusOf(o))
 	}
 	return st, nil
+}
+
+// statusOf is the status of one kind of lock as Inspect read it.
+func statusOf(info remutex.LockInfo) lockStatus {
+	st := lockStatus{
+		Name:           info.Name,
+		Key:            info.Key,
+		Kind:           info.Kind,
+		Held:           len(info.Holders) > 0,
+		Holders:        make([]holder, len(info.Holders)),
+		TTLMillis:      millis(info.TTL),
+		Fence:          info.Fence,
+		Readers:        int64(info.Readers),
+		Queued:         int64(len(info.Waiters)),
+		WritersWaiting: int64(info.WritersWaiting),
+		Subscribers:    int64(info.Subscribers),
+	}
+	for i, h := range info.Holders {
+		st.Holders[i] = holder{Owner: h.Owner, Count: int64(h.Count), Read: h.Read, TTLMillis: millis(h.TTL), Host: h.Host, PID: h.PID}
+	}
+	return st
+}
+
+// millis is a remaining lease in milliseconds: -1 for none (no expiry).
+func millis(d time.Duration) int64 {
+	if d < 0 {
+		return -1
+	}
+	return d.Milliseconds()
+}
+
+// kinds returns st and the locks of other kinds under its name.
+func (st lockStatus) kinds() []lockStatus {
+	return append([]lockStatus{st}, st.Others...)
+}
+
+// ofKind returns the status of the lock of kind under st's name: st itself
+// or one of its Others; a free one if there is none.
+func (st lockStatus) ofKind(kind string) lockStatus {
+	for _, k := range st.kinds() {
+		if k.Kind == kind {
+			return k
+		}
+	}
+	return lockStatus{Name: st.Name, Kind: kind, Holders: []holder{}}
+}
+
+// state says in a word whether the lock is held and how: "free", "held" (a
+// mutex), "write" (a read/write lock held for writing, "write, read ×N"
+// while its writer also holds a read hold), "read ×N" (N readers).
+func (st lockStatus) state() string {
+	writers := int64(len(st.Holders)) - st.Readers
+	switch {
+	case st.Error != "":
+		return "not a lock"
+	case !st.Held:
+		return "free"
+	case st.Kind != kindRWMutex:
+		return "held"
+	case writers > 0 && st.Readers > 0:
+		return fmt.Sprintf("write, read ×%d", st.Readers)
+	case writers > 0:
+		return "write"
+	}
+	return fmt.Sprintf("read ×%d", st.Readers)
 }
 
 // describe says who a holder is, for people.
@@ -103,6 +178,18 @@ func (h holder) describe() string {
 		return h.Owner
 	}
 	return fmt.Sprintf("%s (pid %d on %s)", h.Owner, h.PID, h.Host)
+}
+
+// describeHold says, for people, what a hold of a lock of kind is, who
+// holds it, and how much of its lease is left.
+func (h holder) describeHold(kind string) string {
+	switch {
+	case kind != kindRWMutex:
+		return fmt.Sprintf("held by %s, hold count %d, with %s of its lease left", h.describe(), h.Count, describeTTL(h.TTLMillis))
+	case h.Read:
+		return fmt.Sprintf("held for reading by %s, with %s of its lease left", h.describe(), describeTTL(h.TTLMillis))
+	}
+	return fmt.Sprintf("held for writing by %s, hold count %d, with %s of its lease left", h.describe(), h.Count, describeTTL(h.TTLMillis))
 }
 
 // describeTTL renders a remaining lease for people.

@@ -8,7 +8,7 @@
 //
 // Usage:
 //
-//	remutex run [--lease D] [--wait D] [--grace D] [--fence-env NAME] NAME -- COMMAND [ARGS...]
+//	remutex run [--lease D] [--wait D] [--grace D] [--fence-env NAME] [--read | --write] NAME -- COMMAND [ARGS...]
 //	remutex status [--json] NAME...
 //	remutex unlock --force [--yes] NAME
 //	remutex help [COMMAND]
@@ -20,6 +20,14 @@
 // token in the environment variable named by --fence-env (default
 // REMUTEX_FENCE; an empty name turns fencing off). When the command exits,
 // the lock is released and remutex exits with the command's status.
+//
+// The lock is a mutex, as remutex.DistMutex is: one run holds it at a time.
+// With --read or --write (not both), run takes instead the read or the write
+// lock of the read/write lock NAME, as remutex.DistRWMutex does (a separate
+// lock from the mutex of the same name): any number of --read runs hold it
+// at once, or one --write run, and a reader that comes while a writer waits
+// queues behind the writer. A --read run gets the token of the latest write
+// (0 before any).
 //
 // The command runs in a process group of its own, watched by a supervisor (a
 // second remutex process), so that no process of the command outlives the
@@ -43,18 +51,23 @@
 // terminal's foreground group while it runs, so that it can read the terminal
 // and Ctrl-C reaches it once; stopping it with Ctrl-Z is not supported.
 //
-// status prints, for each lock, the owner token of its holder with the host
-// and pid of the holding process and its hold count, the remaining lease, the
-// last fencing token handed out, the waiters queued in Redis and the number
-// of Clients listening for the lock's messages; --json prints the same as a
-// JSON array for scripts. It reads the lock with remutex's Client.Inspect.
+// status prints, for each lock, of each kind under its name (mutex,
+// rwmutex), its state (free, held, write, read ×N), each hold's owner token
+// with the host and pid of the holding process, its mode (read or write, for
+// a read/write lock), hold count and remaining lease, the last fencing token
+// handed out, the waiters queued in Redis and how many of them wait to
+// write, and the number of Clients listening for the lock's messages; --json
+// prints the same as a JSON array for scripts. It reads the lock with
+// remutex's Client.Inspect.
 //
 // unlock --force releases a stuck lock (a holder that is frozen, not dead: a
-// dead holder's lock ends by itself within its lease) as the holder's own
-// unlock would, so that its longest waiter is woken or handed the lock
-// (remutex's Client.ForceUnlock). It asks for confirmation on standard input
-// unless --yes is given, and it releases nothing if the lock changed hands
-// since it was read. The holder, if it resumes, finds its lease lost.
+// dead holder's lock ends by itself within its lease) as the holders' own
+// unlocks would, whatever its kind: a mutex's hold, a read/write lock's write
+// hold and read holds. Its waiters are woken or handed the lock as after
+// those unlocks (remutex's Client.ForceUnlock). It asks for confirmation on
+// standard input unless --yes is given, it releases only the holds it showed
+// (nothing if the lock changed hands since it was read), and it names those
+// that had ended meanwhile. Each holder, if it resumes, finds its lease lost.
 //
 // # Connection
 //
@@ -110,7 +123,7 @@ const (
 const usageText = `remutex: a distributed lock on Redis for scripts and cron jobs
 
 Usage:
-  remutex run [--lease D] [--wait D] [--grace D] [--fence-env NAME] NAME -- COMMAND [ARGS...]
+  remutex run [--lease D] [--wait D] [--grace D] [--fence-env NAME] [--read | --write] NAME -- COMMAND [ARGS...]
   remutex status [--json] NAME...
   remutex unlock --force [--yes] NAME
   remutex help [COMMAND]
@@ -118,10 +131,14 @@ Usage:
 
 Commands:
   run     take lock NAME (waiting up to --wait), run COMMAND while the lease is
-          renewed, release the lock when it exits, and exit with its status
-  status  show each lock's holder (owner, host, pid), hold count, remaining
-          lease, last fencing token, queued waiters and subscribed Clients
-  unlock  release a stuck lock and wake its next waiter (asks first unless --yes)
+          renewed, release the lock when it exits, and exit with its status;
+          --read or --write take the read/write lock NAME for reading or writing
+  status  show each lock's kind and state (free, held, write, read ×N), its
+          holders (owner, mode, host, pid), hold counts, remaining leases,
+          last fencing token, queued waiters, waiting writers and subscribed
+          Clients
+  unlock  release a stuck lock's holds, read and write holds too, and wake its
+          next waiters (asks first unless --yes)
 
 Run "remutex help COMMAND" for a command's flags and details, and
 "remutex --version" for the version.

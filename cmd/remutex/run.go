@@ -27,6 +27,12 @@ lease is renewed in the background. The command gets the fencing token in the
 environment (--fence-env). When the command exits, the lock is released and
 remutex exits with the command's status (128+N if signal N killed it).
 
+The lock is a mutex (remutex.DistMutex): one run at a time. With --read or
+--write it is instead the read/write lock of that name (remutex.DistRWMutex,
+independent of the mutex): any number of --read runs at once, or one --write
+run, and readers that come while a writer waits queue behind it. A --read
+run's fencing token is that of the latest write (0 before any).
+
 The command runs in a process group of its own, watched by a second remutex
 process (the supervisor), so that what the command starts goes with it:
   - SIGINT, SIGTERM and SIGHUP sent to remutex are passed on to the group,
@@ -124,6 +130,45 @@ type runConfig struct {
 	wait     waitFlag
 	grace    time.Duration
 	fenceEnv string
+	read     bool // --read: the read lock of the read/write lock NAME
+	write    bool // --write: its write lock
+}
+
+// kind is the kind of lock cfg takes.
+func (cfg *runConfig) kind() string {
+	if cfg.read || cfg.write {
+		return kindRWMutex
+	}
+	return kindMutex
+}
+
+// runLock is the lock run holds: a DistMutex, or a side of a DistRWMutex.
+type runLock interface {
+	LockContext(ctx context.Context) error
+	TryLockContext(ctx context.Context) (bool, error)
+	UnlockContext(ctx context.Context) error
+	Lost() <-chan struct{}
+	Fence() int64
+}
+
+// readLock is the read side of a DistRWMutex as a runLock.
+type readLock struct{ *remutex.DistRWMutex }
+
+func (r readLock) LockContext(ctx context.Context) error { return r.RLockContext(ctx) }
+func (r readLock) TryLockContext(ctx context.Context) (bool, error) {
+	return r.TryRLockContext(ctx)
+}
+func (r readLock) UnlockContext(ctx context.Context) error { return r.RUnlockContext(ctx) }
+
+// newLock returns the lock cfg asks for.
+func (cfg *runConfig) newLock(locks *remutex.Client, opts []remutex.MutexOption) runLock {
+	switch {
+	case cfg.read:
+		return readLock{locks.NewRWMutex(cfg.name, opts...)}
+	case cfg.write:
+		return locks.NewRWMutex(cfg.name, opts...)
+	}
+	return locks.NewMutex(cfg.name, opts...)
 }
 
 func (c *cli) run(args []string) int {
@@ -136,6 +181,8 @@ func (c *cli) run(args []string) int {
 		"how long the command's processes get between SIGTERM and SIGKILL when the lease is lost or they outlive the command: a `duration`")
 	fs.StringVar(&cfg.fenceEnv, "fence-env", "REMUTEX_FENCE",
 		"environment `variable` that gets the fencing token; empty: no fencing")
+	fs.BoolVar(&cfg.read, "read", false, "take the read lock of the read/write lock NAME, which other --read runs share")
+	fs.BoolVar(&cfg.write, "write", false, "take the write lock of the read/write lock NAME")
 	if code, ok := c.parse(fs, args, func(w io.Writer) {
 		fmt.Fprint(w, runUsage)
 		fs.SetOutput(w)
@@ -153,6 +200,8 @@ func (c *cli) run(args []string) int {
 		return c.usageError("run: --grace %v: must not be negative", cfg.grace)
 	case strings.ContainsAny(cfg.fenceEnv, "=\x00"):
 		return c.usageError("run: --fence-env %q is not a variable name", cfg.fenceEnv)
+	case cfg.read && cfg.write:
+		return c.usageError("run: --read and --write exclude each other (a read/write lock is taken for one or the other)")
 	}
 	if err := checkName(cfg.name); err != nil {
 		return c.usageError("run: %v", err)
@@ -216,7 +265,7 @@ func (c *cli) runLocked(cfg runConfig) int {
 	if cfg.fenceEnv != "" {
 		opts = append(opts, remutex.WithFencing())
 	}
-	m := locks.NewMutex(cfg.name, opts...)
+	m := cfg.newLock(locks, opts)
 
 	// Take the lock on this goroutine: holds belong to goroutines, and this
 	// one also asks for Lost and Fence and unlocks.
@@ -233,7 +282,7 @@ func (c *cli) runLocked(cfg runConfig) int {
 
 // unlockAfter unlocks m once the command is done, and returns remutex's exit
 // status: the command's, or exitLost if the lease was lost meanwhile.
-func (c *cli) unlockAfter(m *remutex.DistMutex, status int, lostSeen bool) int {
+func (c *cli) unlockAfter(m runLock, status int, lostSeen bool) int {
 	uctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	uerr := m.UnlockContext(uctx)
@@ -280,7 +329,7 @@ func watchSignals(sigs <-chan os.Signal) (ctx context.Context, interrupted func(
 // acquire takes m within cfg.wait, or until ctx ends with a signal, which
 // stops the watching. It returns held = false with the exit status if it
 // did not take the lock: the wait passed, a signal came, or Redis failed.
-func (c *cli) acquire(ctx context.Context, interrupted func() os.Signal, m *remutex.DistMutex, locks *remutex.Client, cfg runConfig, seen *lastError) (code int, held bool) {
+func (c *cli) acquire(ctx context.Context, interrupted func() os.Signal, m runLock, locks *remutex.Client, cfg runConfig, seen *lastError) (code int, held bool) {
 	var err error
 	switch {
 	case !cfg.wait.set:
@@ -306,13 +355,7 @@ func (c *cli) acquire(ctx context.Context, interrupted func() os.Signal, m *remu
 	case err == nil:
 		return 0, true
 	case errors.Is(err, context.DeadlineExceeded):
-		msg := fmt.Sprintf("lock %q is held", cfg.name)
-		// Name the holder, if Redis answers quickly: the wait is over already.
-		sctx, scancel := context.WithTimeout(context.Background(), time.Second)
-		if st, serr := readStatus(sctx, locks, cfg.name); serr == nil && st.Held {
-			msg += " by " + st.Holders[0].describe()
-		}
-		scancel()
+		msg := c.busy(locks, cfg)
 		gaveUp := fmt.Sprintf("gave up after --wait %v", cfg.wait.d)
 		if cfg.wait.d == 0 {
 			gaveUp = "tried once (--wait 0)"
@@ -324,8 +367,38 @@ func (c *cli) acquire(ctx context.Context, interrupted func() os.Signal, m *remu
 	return exitRedis, false
 }
 
+// busy says why lock cfg.name was not free, naming its holder if Redis
+// answers quickly (the wait is over already).
+func (c *cli) busy(locks *remutex.Client, cfg runConfig) string {
+	msg := fmt.Sprintf("lock %q is held", cfg.name)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	all, err := readStatus(ctx, locks, cfg.name)
+	if err != nil {
+		return msg
+	}
+	st := all.ofKind(cfg.kind())
+	if len(st.Holders) > 0 && st.Kind == kindMutex {
+		return msg + " by " + st.Holders[0].describe()
+	}
+	for _, h := range st.Holders {
+		if !h.Read {
+			return msg + " for writing by " + h.describe()
+		}
+	}
+	switch {
+	case cfg.read && st.WritersWaiting > 0:
+		return fmt.Sprintf("lock %q has writers waiting (%d), which go before new readers", cfg.name, st.WritersWaiting)
+	case st.Readers > 1:
+		return fmt.Sprintf("%s for reading by %s and %d other readers", msg, st.Holders[0].describe(), st.Readers-1)
+	case st.Readers == 1:
+		return msg + " for reading by " + st.Holders[0].describe()
+	}
+	return msg
+}
+
 // release releases a lock that will not be used.
-func (c *cli) release(m *remutex.DistMutex) {
+func (c *cli) release(m runLock) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := m.UnlockContext(ctx); err != nil {

@@ -13,16 +13,32 @@ import (
 
 const statusUsage = `Usage: remutex status [--json] NAME...
 
-Shows, for each lock NAME: its holder's owner token (<client id>:<goroutine
-id>), host, pid and hold count, the remaining lease, the last fencing token
-handed out, the waiters queued in Redis, and the Clients listening for the
-lock's messages (waiting for it, or having just waited). It changes nothing.
+Shows, for each lock NAME, of each kind found under the name (a mutex, as
+remutex run takes and remutex.DistMutex is; a read/write lock, as run --read
+and --write take and remutex.DistRWMutex is; independent locks that may
+share a name): its kind and state, each hold with its owner token (<client
+id>:<goroutine id>), mode, host, pid, hold count and remaining lease, the
+last fencing token handed out, the waiters queued in Redis (and how many of
+them wait to write), and the Clients listening for the lock's messages
+(waiting for it, or having just waited). It changes nothing.
 
---json prints a JSON array with one object per lock:
-  {"name", "key", "held", "holders": [{"owner", "count", "host", "pid"}],
-   "ttl_ms", "fence", "queued", "subscribers", "error"}
-ttl_ms is 0 for a free lock; fence is 0 if no fencing token was ever handed
-out; error (omitted when empty) says why the key is not a lock.
+STATE is free, held (a mutex), write (a read/write lock held for writing),
+or read ×N (held for reading by N readers). MODE is a hold's: write or read
+for a read/write lock, - for a mutex. TTL is each hold's remaining lease.
+
+--json prints a JSON array with one object per lock NAME:
+  {"name", "key", "kind", "held",
+   "holders": [{"owner", "count", "read", "ttl_ms", "host", "pid"}],
+   "ttl_ms", "fence", "readers", "queued", "writers_waiting", "subscribers",
+   "others", "error"}
+kind is "mutex", "rwmutex" (a read/write lock) or "" (nothing under the
+name); key is where its holds live (a read/write lock's writer hash ends in
+":rw"); read marks a read hold; ttl_ms is the longest lease left, 0 for a
+free lock; fence is 0 if no fencing token was ever handed out; readers
+counts the read holds, writers_waiting the queued waiters that wait to
+write. others (omitted when empty) holds, as objects of the same form, the
+locks of the other kinds that have state under the same name; error
+(omitted when empty) says why the key is not a lock.
 
 Exit status: 0 done, 64 usage error, 69 Redis error or a key that is not a lock.
 
@@ -88,34 +104,54 @@ func (c *cli) status(args []string) int {
 	return code
 }
 
-// printStatus prints a table, one line per holder (a lock has one holder;
-// more would be a lock written by something else).
+// printStatus prints a table: one line per hold of each lock, one for a
+// lock that nobody holds; a lock of each kind under a name has its own
+// lines.
 func printStatus(w io.Writer, all []lockStatus) error {
-	rows := [][]string{{"NAME", "STATE", "HOLDER", "HOST", "PID", "COUNT", "TTL", "FENCE", "QUEUED", "SUBSCRIBERS"}}
+	rows := [][]string{{"NAME", "STATE", "KIND", "HOLDER", "MODE", "HOST", "PID", "COUNT", "TTL", "FENCE", "QUEUED", "WRITERS-WAITING", "SUBSCRIBERS"}}
 	for _, st := range all {
-		name := st.Name
-		if strings.ContainsFunc(name, func(r rune) bool { return !unicode.IsPrint(r) }) {
-			name = strconv.Quote(name) // no control characters on the terminal
-		}
-		fence := "-"
-		if st.Fence != 0 {
-			fence = strconv.FormatInt(st.Fence, 10)
-		}
-		queued, subs := strconv.FormatInt(st.Queued, 10), strconv.FormatInt(st.Subscribers, 10)
-		switch {
-		case st.Error != "":
-			rows = append(rows, []string{name, "not a lock", "-", "-", "-", "-", "-", fence, queued, subs})
-		case !st.Held:
-			rows = append(rows, []string{name, "free", "-", "-", "-", "-", "-", fence, queued, subs})
-		default:
-			for _, h := range st.Holders {
-				host, pid := "-", "-"
-				if h.Host != "" {
-					host, pid = h.Host, strconv.Itoa(h.PID)
-				}
-				rows = append(rows, []string{name, "held", h.Owner, host, pid, strconv.FormatInt(h.Count, 10), describeTTL(st.TTLMillis), fence, queued, subs})
-			}
+		for _, k := range st.kinds() {
+			rows = append(rows, statusRows(k)...)
 		}
 	}
 	return writeTable(w, rows)
+}
+
+// statusRows are the table's lines for one kind of lock under a name.
+func statusRows(st lockStatus) [][]string {
+	name := st.Name
+	if strings.ContainsFunc(name, func(r rune) bool { return !unicode.IsPrint(r) }) {
+		name = strconv.Quote(name) // no control characters on the terminal
+	}
+	kind, fence, writers := "-", "-", "-"
+	if st.Kind != "" {
+		kind = st.Kind
+	}
+	if st.Fence != 0 {
+		fence = strconv.FormatInt(st.Fence, 10)
+	}
+	if st.Kind == kindRWMutex {
+		writers = strconv.FormatInt(st.WritersWaiting, 10)
+	}
+	queued, subs := strconv.FormatInt(st.Queued, 10), strconv.FormatInt(st.Subscribers, 10)
+	if !st.Held || st.Error != "" {
+		return [][]string{{name, st.state(), kind, "-", "-", "-", "-", "-", "-", fence, queued, writers, subs}}
+	}
+	var rows [][]string
+	for _, h := range st.Holders {
+		host, pid, mode := "-", "-", "-"
+		if h.Host != "" {
+			host, pid = h.Host, strconv.Itoa(h.PID)
+		}
+		switch {
+		case st.Kind != kindRWMutex:
+		case h.Read:
+			mode = "read"
+		default:
+			mode = "write"
+		}
+		rows = append(rows, []string{name, st.state(), kind, h.Owner, mode, host, pid,
+			strconv.FormatInt(h.Count, 10), describeTTL(h.TTLMillis), fence, queued, writers, subs})
+	}
+	return rows
 }

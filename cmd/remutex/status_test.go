@@ -61,8 +61,8 @@ func TestStatusJSON(t *testing.T) {
 	// The table for people shows the same.
 	code, stdout, _ = run(t, cliEnv(), "", "status", "--addr", srv.addr(), held, free)
 	lines := strings.Split(strings.TrimSpace(stdout), "\n")
-	header := "NAME STATE HOLDER HOST PID COUNT TTL FENCE QUEUED SUBSCRIBERS"
-	held1 := fmt.Sprintf("%s held %s %s %d 1", held, h.Holders[0].Owner, h.Holders[0].Host, h.Holders[0].PID)
+	header := "NAME STATE KIND HOLDER MODE HOST PID COUNT TTL FENCE QUEUED WRITERS-WAITING SUBSCRIBERS"
+	held1 := fmt.Sprintf("%s held mutex %s - %s %d 1", held, h.Holders[0].Owner, h.Holders[0].Host, h.Holders[0].PID)
 	if code != 0 || len(lines) != 3 || strings.Join(strings.Fields(lines[0]), " ") != header ||
 		!strings.HasPrefix(strings.Join(strings.Fields(lines[1]), " "), held1+" ") || !strings.Contains(lines[2], "free") {
 		t.Errorf("status: exit %d, output:\n%s", code, stdout)

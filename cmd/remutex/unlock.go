@@ -13,14 +13,21 @@ import (
 
 const unlockUsage = `Usage: remutex unlock --force [--yes] NAME
 
-Releases the lock NAME out from under its holder, as the holder's own unlock
-would: its longest waiter, if any, is woken or handed the lock. Use it for a
-holder that is frozen rather than dead: a dead holder's lock ends by itself
-within its lease. The holder, if it runs again, finds its lease lost. The
-fencing counter is kept, so tokens keep rising.
+Releases the lock NAME out from under its holders, as their own unlocks
+would, whatever its kind: a mutex's hold, or a read/write lock's write hold
+and read holds (a mutex and a read/write lock of one name are independent
+locks: the holds of both are released). The lock's waiters are woken or
+handed the lock as after an unlock: a mutex's longest waiter; a read/write
+lock's readers at the head of its queue together, or its first waiting
+writer once no reader is left. Use it for a holder that is frozen rather
+than dead: a dead holder's lock ends by itself within its lease. Each
+holder, if it runs again, finds its lease lost. The fencing counter is
+kept, so tokens keep rising.
 
-It shows the holder and asks for confirmation on standard input unless --yes
-is given. It releases nothing if the lock changed hands after it was read.
+It shows the holds and asks for confirmation on standard input unless --yes
+is given. It releases only the holds it showed, so nothing of a lock that
+changed hands after it was read, and it names those that had ended
+meanwhile.
 
 Exit status: 0 released (or already free), 1 not confirmed or changed hands,
 64 usage error, 69 Redis error.
@@ -63,8 +70,27 @@ func (c *cli) unlock(args []string) int {
 	return c.forceUnlock(ctx, locks, name, *yes)
 }
 
-// forceUnlock shows who holds lock name, asks unless yes, and releases the
-// holds it showed.
+// hold is one hold of a lock, as shown: its lock's kind and its holder.
+type hold struct {
+	kind string
+	holder
+}
+
+func (h hold) String() string { return h.describeHold(h.kind) }
+
+// holdsOf returns the holds of every kind of lock in st.
+func holdsOf(st lockStatus) []hold {
+	var holds []hold
+	for _, k := range st.kinds() {
+		for _, h := range k.Holders {
+			holds = append(holds, hold{kind: k.Kind, holder: h})
+		}
+	}
+	return holds
+}
+
+// forceUnlock shows the holds of lock name, asks unless yes, and releases
+// the holds it showed.
 func (c *cli) forceUnlock(ctx context.Context, locks *remutex.Client, name string, yes bool) int {
 	st, err := readStatus(ctx, locks, name)
 	switch {
@@ -72,31 +98,75 @@ func (c *cli) forceUnlock(ctx context.Context, locks *remutex.Client, name strin
 		return c.fail(redisErr{err})
 	case st.Error != "":
 		return c.fail(redisErr{fmt.Errorf("lock %q: %s; not released", name, st.Error)})
-	case !st.Held:
+	}
+	holds := holdsOf(st)
+	if len(holds) == 0 {
 		fmt.Fprintf(c.stdout, "lock %q is not held; nothing to release\n", name)
 		return exitOK
 	}
-	owners := make([]string, len(st.Holders))
-	desc := make([]string, len(st.Holders))
-	for i, h := range st.Holders {
-		owners[i] = h.Owner
-		desc[i] = fmt.Sprintf("%s, hold count %d", h.describe(), h.Count)
+	question := fmt.Sprintf("Lock %q is %s.\nRelease it? Its holder loses it and may still be working.", name, holds[0])
+	if len(holds) > 1 {
+		question = fmt.Sprintf("Lock %q has %d holds:\n  %s.\nRelease them? Their holders lose them and may still be working.", name, len(holds), joinHolds(holds, ";\n  "))
 	}
-	held := fmt.Sprintf("held by %s, with %s of its lease left", strings.Join(desc, "; "), describeTTL(st.TTLMillis))
-	if !yes && !c.confirm(fmt.Sprintf("Lock %q is %s.\nRelease it? Its holder loses it and may still be working.", name, held)) {
+	if !yes && !c.confirm(question) {
 		fmt.Fprintln(c.stderr, "not released")
 		return exitDeclined
 	}
 
-	released, err := locks.ForceUnlock(ctx, name, owners...)
+	released, ended, err := releaseHolds(ctx, locks, name, holds)
 	switch {
 	case err != nil:
 		return c.fail(redisErr{err})
-	case !released:
+	case len(released) == 0:
 		return c.changedHands(ctx, locks, name)
 	}
-	fmt.Fprintf(c.stdout, "released lock %q, %s; its next waiter, if any, was told\n", name, held)
+	for _, h := range ended {
+		fmt.Fprintf(c.stdout, "lock %q: the hold of %s had ended meanwhile; not released\n", name, h.describe())
+	}
+	told := "the waiters it passed to, if any, were told"
+	switch {
+	case len(released) > 1:
+		fmt.Fprintf(c.stdout, "released lock %q, %d holds:\n  %s\n%s\n", name, len(released), joinHolds(released, ";\n  "), told)
+		return exitOK
+	case released[0].kind == kindMutex:
+		told = "its next waiter, if any, was told"
+	}
+	fmt.Fprintf(c.stdout, "released lock %q, %s; %s\n", name, released[0], told)
 	return exitOK
+}
+
+// releaseHolds releases holds with ForceUnlock, owner by owner, so that it
+// can tell the holds it released from those that had ended meanwhile (an
+// owner's holds of every kind go together).
+func releaseHolds(ctx context.Context, locks *remutex.Client, name string, holds []hold) (released, ended []hold, err error) {
+	var owners []string
+	byOwner := map[string][]hold{}
+	for _, h := range holds {
+		if byOwner[h.Owner] == nil {
+			owners = append(owners, h.Owner)
+		}
+		byOwner[h.Owner] = append(byOwner[h.Owner], h)
+	}
+	for _, owner := range owners {
+		ok, err := locks.ForceUnlock(ctx, name, owner)
+		switch {
+		case err != nil:
+			return released, ended, err
+		case ok:
+			released = append(released, byOwner[owner]...)
+		default:
+			ended = append(ended, byOwner[owner]...)
+		}
+	}
+	return released, ended, nil
+}
+
+func joinHolds(holds []hold, sep string) string {
+	s := make([]string, len(holds))
+	for i, h := range holds {
+		s[i] = h.String()
+	}
+	return strings.Join(s, sep)
 }
 
 // confirm asks question on stderr and reports whether the answer on stdin
@@ -112,18 +182,19 @@ func (c *cli) confirm(question string) bool {
 }
 
 // changedHands reports a lock whose holders, as shown, were gone when the
-// release came: released meanwhile (done), or taken by another (declined).
+// release came: released meanwhile (done), or taken by others (declined).
 func (c *cli) changedHands(ctx context.Context, locks *remutex.Client, name string) int {
 	now, err := readStatus(ctx, locks, name)
 	if err != nil {
 		return c.fail(redisErr{err})
 	}
-	if !now.Held {
+	holds := holdsOf(now)
+	if len(holds) == 0 {
 		fmt.Fprintf(c.stdout, "lock %q was released meanwhile; nothing to release\n", name)
 		return exitOK
 	}
-	others := make([]string, len(now.Holders))
-	for i, h := range now.Holders {
+	others := make([]string, len(holds))
+	for i, h := range holds {
 		others[i] = h.describe()
 	}
 	c.errorf("lock %q changed hands meanwhile (now held by %s); nothing released", name, strings.Join(others, ", "))
