@@ -75,6 +75,8 @@ type backend interface {
 	// inspect and forceUnlock serve Client.Inspect and Client.ForceUnlock.
 	inspect(ctx context.Context, t *adminTarget, subscribers bool) ([]LockInfo, error)
 	forceUnlock(ctx context.Context, t *adminTarget, owners []string) (bool, error)
+	// check serves Client.Check.
+	check(ctx context.Context, c *Client) error
 	subscriptions
 }
 
@@ -112,14 +114,23 @@ func toInt64(v interface{}) (int64, error) {
 	return 0, fmt.Errorf("remutex: unexpected script reply %v", v)
 }
 
-// rollback releases a hold nobody will use (an acquisition that failed, a
-// grant that came too late, a lost hold's leftover field), best effort and
-// briefly: its lease ends it otherwise.
+// rollback releases a hold nobody will use (a lost hold's field that may be
+// left on the server, a leftover in the way of a new acquisition), best
+// effort and briefly, within ctx: its lease ends it otherwise.
 func rollback(ctx context.Context, b backend, s *lockSpec, owner interface{}) error {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
+	ctx, cancel := context.WithTimeout(ctx, rollbackTimeout)
 	defer cancel()
 	_, err := b.release(ctx, s, owner, 0, "0")
 	return err
+}
+
+// postRelease posts the release of what a call may have granted owner that
+// nobody will use: a call cut off by its caller's context, a grant that came
+// too late, an acquisition that too few replicas acknowledged, a quorum's
+// failed try. It returns at once; the release follows that call to Redis
+// (see postCtx) within the lease, past which the grant has ended anyway.
+func postRelease(ctx context.Context, b backend, s *lockSpec, owner interface{}) {
+	_, _ = b.release(postCtx(ctx, s.lease), s, owner, 0, "0")
 }
 
 // rollbackTimeout bounds a rollback: past it the lease ends the hold.

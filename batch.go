@@ -2,6 +2,7 @@ package remutex
 
 import (
 	"context"
+	"errors"
 	"runtime"
 	"sync"
 	"time"
@@ -13,42 +14,52 @@ import (
 // once. go-redis sends each call on a connection of its own, so the node
 // coalesces them itself, the way the watchdog batches renewals.
 //
-// A call that finds nothing of the node's in flight is sent at once, on its
+// A call without a context that can end (Lock, Unlock's nested release)
+// that finds nothing of the node's in flight is sent at once, on its
 // caller's goroutine, exactly as it would be alone: a lone caller waits for
-// nothing. Calls that come while another is in flight queue; one drainer
-// goroutine sends everything queued as one pipeline (go-redis splits a
-// Cluster pipeline by node and routes each call by its slot), hands each
-// caller its own reply, and goes on while calls keep coming. Before it looks
-// at the queue again it yields the processor: the callers it has just
-// answered often call again at once (an Unlock follows a Lock), and without
-// the pause they would split into two trains of half the size. At most two
-// round trips of a node are in flight: a call sent alone and a pipeline.
-// Every call still goes through node.send, so each has its own reply or
-// error and the NOSCRIPT fallback; the caller's retries, above, are
-// unchanged. WithReplicaAck's acquisitions keep their own path (acquire and
-// WAIT pipelined on the master's connection) and are not coalesced.
+// nothing. Every other call queues, and one drainer goroutine sends
+// everything queued as one pipeline (go-redis splits a Cluster pipeline by
+// node and routes each call by its slot), hands each caller its own reply,
+// and goes on while calls keep coming. Before it looks at the queue again it
+// yields the processor: the callers it has just answered often call again
+// at once (an Unlock follows a Lock), and without the pause they would split
+// into two trains of half the size. At most two round trips of a node are in
+// flight: a call sent alone and the drainer's. Every call still goes through
+// node.send, so each has its own reply or error and the NOSCRIPT fallback;
+// the caller's retries, above, are unchanged. WithReplicaAck's acquisitions
+// (acquire and WAIT pipelined on the master's connection) queue as jobs of
+// their own, run by the drainer after the round's pipeline.
 //
-// A queued caller whose context ends returns ctx's error at once. If its
-// call was not sent yet it never will be; if it was, the pipeline goes on
-// for the others, and the caller treats the call as one whose reply never
-// came (it may have been applied), as it would a call cut off by its
-// context: a call it makes next to undo it goes in a later round trip.
+// Deadlines: a caller whose context ends returns ctx's error at once,
+// whatever go-redis does meanwhile (its ReadTimeout, retries and dials do
+// not follow a context unless ContextTimeoutEnabled is set): that is why a
+// call with such a context never runs on its caller's goroutine. If its call
+// was not sent yet it never will be; if it was, it goes on in the drainer's
+// round for the others, and the caller treats it as a call whose reply
+// never came (it may be applied). What it posts next to undo it (see
+// postCtx) is queued before the caller returns, so it reaches Redis after
+// the call it undoes: the drainer's rounds are sequential, and go-redis has
+// finished with a round, retries included, when the next begins.
 type batcher struct {
 	n       *node
 	mu      sync.Mutex
 	alone   int        // calls in flight on their callers' goroutines
 	queue   []*pending // waiting for the drainer, in arrival order
 	drainer bool       // the drainer goroutine is running
-	closed  bool       // after close every call is sent at once
+	closed  bool       // after close, calls are refused (ErrClosed)
 	wg      sync.WaitGroup
 }
 
-// pending is one queued call and what its caller waits on.
+// pending is one queued call (or job) and what its caller waits on.
 type pending struct {
-	ctx   context.Context
-	cl    call          // a copy, so that the caller's call may live on its stack
-	state pendState     // guarded by batcher.mu
-	done  chan struct{} // a value once cl.cmd holds the reply
+	ctx    context.Context
+	cl     call                      // a copy, so that the caller's call may live on its stack
+	job    func(ctx context.Context) // a job instead of a call (see batcher.run)
+	posted bool                      // nobody waits for it (see postCtx)
+	until  time.Time                 // its deadline; zero for none
+	state  pendState                 // guarded by batcher.mu
+	err    error                     // set before done when it was never sent (ErrClosed)
+	done   chan struct{}             // a value once cl.cmd holds the reply (or err is set)
 }
 
 type pendState uint8
@@ -61,11 +72,42 @@ const (
 
 var pendingPool = sync.Pool{New: func() any { return &pending{done: make(chan struct{}, 1)} }}
 
-// do sends cl, alone at once when nothing else of the node is in flight,
-// else in the next pipeline. It returns ctx's error if ctx ends first.
+// postedKey marks a context whose calls are posted: see postCtx.
+type postedKey struct{}
+
+// errPosted is what a posted call returns: it was queued, and nobody waits
+// for its reply.
+var errPosted = errors.New("remutex: call posted")
+
+// postCtx returns a context for calls that undo or leave behind what a call
+// cut off by its caller's context may have done: each is queued behind that
+// call before the caller goes on, and sent by the drainer while the caller
+// is long gone, within d (a call still queued then is dropped: what it
+// would have undone ends by its lease). Node calls made with it return
+// errPosted at once. It has no cancellation: nobody is left to cancel it.
+func postCtx(parent context.Context, d time.Duration) context.Context {
+	return context.WithValue(context.WithoutCancel(parent), postedKey{}, time.Now().Add(d))
+}
+
+// postedUntil returns the time by which a posted call must be sent, and
+// whether ctx is posted.
+func postedUntil(ctx context.Context) (time.Time, bool) {
+	t, ok := ctx.Value(postedKey{}).(time.Time)
+	return t, ok
+}
+
+func isPosted(ctx context.Context) bool {
+	_, ok := postedUntil(ctx)
+	return ok
+}
+
+// do sends cl: alone at once when its context cannot end and nothing else
+// of the node is in flight, else in the drainer's next round. It returns
+// ctx's error if ctx ends first, errPosted at once for a posted context, and
+// ErrClosed after close.
 func (b *batcher) do(ctx context.Context, cl *call) error {
 	b.mu.Lock()
-	if b.closed || (b.alone == 0 && !b.drainer) {
+	if !b.closed && ctx.Done() == nil && b.alone == 0 && !b.drainer && !isPosted(ctx) {
 		b.alone++
 		b.mu.Unlock()
 		b.n.send(ctx, b.n.rdb, []*call{cl}, false, false)
@@ -74,33 +116,92 @@ func (b *batcher) do(ctx context.Context, cl *call) error {
 		b.mu.Unlock()
 		return nil
 	}
+	p, err := b.enqueueLocked(ctx, cl, nil)
+	b.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	return b.wait(ctx, p, func() { cl.cmd = p.cl.cmd })
+}
+
+// job runs f in the drainer's next round: a call that must keep its own
+// connection (acquire and WAIT), in order with the node's other calls. Its
+// context is ctx's values with its deadline; it returns as do does.
+func (b *batcher) job(ctx context.Context, f func(ctx context.Context)) error {
+	b.mu.Lock()
+	p, err := b.enqueueLocked(ctx, nil, f)
+	b.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	return b.wait(ctx, p, func() {})
+}
+
+// enqueueLocked queues cl (or job f) with ctx and starts the drainer. For a
+// posted context it returns errPosted, having queued it all the same.
+func (b *batcher) enqueueLocked(ctx context.Context, cl *call, f func(context.Context)) (*pending, error) {
+	if b.closed {
+		return nil, ErrClosed
+	}
 	p := pendingPool.Get().(*pending)
-	p.ctx, p.cl, p.state = ctx, *cl, pendQueued
+	p.ctx, p.job, p.state, p.err = ctx, f, pendQueued, nil
+	p.until, p.posted = postedUntil(ctx)
+	if !p.posted {
+		p.until, _ = ctx.Deadline()
+	}
+	if cl != nil {
+		p.cl = *cl
+	}
 	b.queue = append(b.queue, p)
 	if !b.drainer {
 		b.drainer = true
 		b.wg.Add(1)
 		go b.drain()
 	}
-	b.mu.Unlock()
+	if p.posted {
+		return nil, errPosted
+	}
+	return p, nil
+}
+
+// wait waits for p's round, then takes its reply with got; or returns
+// ctx's error when ctx ends first.
+func (b *batcher) wait(ctx context.Context, p *pending, got func()) error {
 	select {
 	case <-p.done:
-		cl.cmd = p.cl.cmd
-		p.ctx, p.cl = nil, call{}
-		pendingPool.Put(p)
-		return nil
-	case <-ctx.Done():
-		b.mu.Lock()
-		if p.state == pendQueued {
-			p.state = pendGone
+		err := p.err
+		if err == nil {
+			got()
 		}
-		b.mu.Unlock()
-		// p is not reused: the drainer may still answer it.
+		p.release()
+		return err
+	case <-ctx.Done():
+		b.abandon(p)
 		return ctx.Err()
+	case <-b.n.subscriber.c.closing:
+		// Close: nobody waits for Redis any more.
+		b.abandon(p)
+		return ErrClosed
 	}
 }
 
-// drain sends what is queued, one pipeline at a time, until nothing is.
+// abandon gives p up: unsent, it never will be; sent, it goes on in the
+// drainer's round, and p is not reused (the drainer may still answer it).
+func (b *batcher) abandon(p *pending) {
+	b.mu.Lock()
+	if p.state == pendQueued {
+		p.state = pendGone
+	}
+	b.mu.Unlock()
+}
+
+func (p *pending) release() {
+	*p = pending{done: p.done}
+	pendingPool.Put(p)
+}
+
+// drain runs the queued calls and jobs, one round at a time, until nothing
+// is queued.
 func (b *batcher) drain() {
 	defer b.wg.Done()
 	var ps []*pending
@@ -110,20 +211,37 @@ func (b *batcher) drain() {
 		if ps == nil {
 			return
 		}
-		if len(calls) > 0 {
-			ctx, cancel := batchContext(ps)
-			b.n.send(ctx, b.n.rdb, calls, false, false)
-			cancel()
-		}
+		b.round(ps, calls)
 		for _, p := range ps {
+			if p.posted {
+				p.release() // nobody waits for it
+				continue
+			}
 			p.done <- struct{}{}
 		}
 		clear(ps)
 	}
 }
 
-// take moves the queued calls that still have a caller into ps and calls;
-// it returns nil ps, and ends the drainer, when the queue is empty.
+// round sends a round's calls as one pipeline, then runs its jobs.
+func (b *batcher) round(ps []*pending, calls []*call) {
+	if len(calls) > 0 {
+		ctx, cancel := batchContext(ps)
+		b.n.send(ctx, b.n.rdb, calls, false, false)
+		cancel()
+	}
+	for _, p := range ps {
+		if p.job != nil {
+			ctx, cancel := jobContext(p)
+			p.job(ctx)
+			cancel()
+		}
+	}
+}
+
+// take moves the queued calls that still have a caller (or are posted, and
+// not too late) into ps and calls; it returns nil ps, and ends the drainer,
+// when the queue is empty.
 func (b *batcher) take(ps []*pending, calls []*call) ([]*pending, []*call) {
 	if cap(ps) > 0 {
 		// The callers just answered are likely to call again at once (a
@@ -140,12 +258,18 @@ func (b *batcher) take(ps []*pending, calls []*call) ([]*pending, []*call) {
 		b.queue[i] = nil
 		switch {
 		case p.state == pendGone:
-		case p.ctx.Err() != nil:
+		case p.ctx.Err() != nil || p.posted && time.Now().After(p.until):
 			p.state = pendGone
+			if !p.posted {
+				p.err = p.ctx.Err()
+				p.done <- struct{}{}
+			}
 		default:
 			p.state = pendSent
 			ps = append(ps, p)
-			calls = append(calls, &p.cl)
+			if p.job == nil {
+				calls = append(calls, &p.cl)
+			}
 		}
 	}
 	b.queue = b.queue[:0]
@@ -164,18 +288,29 @@ func batchContext(ps []*pending) (context.Context, context.CancelFunc) {
 	ctx := context.WithoutCancel(ps[0].ctx)
 	var latest time.Time
 	for _, p := range ps {
-		d, ok := p.ctx.Deadline()
-		if !ok {
+		if p.until.IsZero() {
 			return ctx, func() {}
 		}
-		if d.After(latest) {
-			latest = d
+		if p.until.After(latest) {
+			latest = p.until
 		}
 	}
 	return context.WithDeadline(ctx, latest)
 }
 
-// close waits for the drainer; calls after it are sent at once.
+// jobContext is the context a job runs with: its caller's values and
+// deadline, not its cancellation (a job cut off half way would leave a grant
+// nobody rolls back).
+func jobContext(p *pending) (context.Context, context.CancelFunc) {
+	if !p.until.IsZero() {
+		return context.WithDeadline(context.WithoutCancel(p.ctx), p.until)
+	}
+	return context.WithoutCancel(p.ctx), func() {}
+}
+
+// close stops the batcher: later calls get ErrClosed, and close waits for
+// the drainer to send what is queued (the leaves and releases that waiters
+// and holders posted when the Client closed among them).
 func (b *batcher) close() {
 	b.mu.Lock()
 	b.closed = true

@@ -38,13 +38,19 @@ type Client struct {
 	ack     replicaAck // WithReplicaAck; zero: none
 	be      backend    // where the locks live: a node or a quorum
 
-	closing chan struct{} // closed by Close
+	closing  chan struct{} // closed by Close
+	stopping chan struct{} // closed by Shutdown and Close: no new holds
 
-	mu      sync.Mutex
-	closed  bool
-	locks   map[string]*lockState // by hash key; see state.go
-	sweepAt int                   // registry size at which sweepLocked looks again
-	seq     uint64                // wait ids and NonReentrant owner tokens
+	mu       sync.Mutex
+	closed   bool
+	draining bool                  // Shutdown began: acquisitions stop (stopping is closed)
+	drained  chan struct{}         // Shutdown's: closed when the last live hold ends
+	attempts int                   // acquisitions under way (see acquire)
+	settled  chan struct{}         // after stopLocked: closed when attempts is 0
+	ended    []*hold               // lost holds that await Unlocks (see endLocked)
+	locks    map[string]*lockState // by hash key; see state.go
+	sweepAt  int                   // registry size at which sweepLocked looks again
+	seq      uint64                // wait ids and NonReentrant owner tokens
 
 	wd watchdog
 
@@ -134,10 +140,11 @@ func newClient(fn string, opts []Option) *Client {
 		panic("remutex: " + fn + ": crypto/rand: " + err.Error())
 	}
 	c := &Client{
-		id:      clientID(hex.EncodeToString(id[:]), hostname(), os.Getpid()),
-		prefix:  DefaultKeyPrefix,
-		closing: make(chan struct{}),
-		locks:   make(map[string]*lockState),
+		id:       clientID(hex.EncodeToString(id[:]), hostname(), os.Getpid()),
+		prefix:   DefaultKeyPrefix,
+		closing:  make(chan struct{}),
+		stopping: make(chan struct{}),
+		locks:    make(map[string]*lockState),
 	}
 	for _, o := range opts {
 		if o == nil {
@@ -199,14 +206,18 @@ func isNil(v interface{}) bool {
 	return rv.Kind() == reflect.Pointer && rv.IsNil()
 }
 
-// Close stops the Client: its watchdog and pub/sub goroutines are stopped and
-// joined before Close returns. Holds still held become lost (their Lost
-// channels close, Unlock reports ErrLockLost) and expire on the server within
+// Close stops the Client at once: its watchdog and pub/sub goroutines are
+// stopped and joined before Close returns (with a call in flight to a
+// server that does not answer, after the redis client's timeouts). Holds
+// still held become lost (their Lost channels and contexts end, Unlock
+// reports ErrLockLost and never panics) and expire on the server within
 // their lease: Close does not delete them, so no other holder enters while
-// their goroutines may still be working. A goroutine's final Unlock of such a
-// hold still deletes its entry, as for any lost hold. Waiting Lock calls
-// return ErrClosed (Lock panics with it). The redis client is not closed: it
-// belongs to the caller. Close returns ErrClosed if called again.
+// their goroutines may still be working. Waiting and later acquisitions
+// end: LockContext and TryLockContext return ErrClosed, TryLock says false,
+// and Lock, which cannot return without the lock, blocks for good (see
+// Lock). Use Shutdown to let the holds end first. The redis client is not
+// closed: it belongs to the caller. Close returns ErrClosed if called
+// again.
 func (c *Client) Close() error {
 	c.mu.Lock()
 	if c.closed {
@@ -214,13 +225,82 @@ func (c *Client) Close() error {
 		return ErrClosed
 	}
 	c.closed = true
+	c.stopLocked()
 	close(c.closing)
 	lost := c.wd.loseAllLocked(ErrClosed)
+	settled := c.settled
 	c.mu.Unlock()
+	// The acquisitions under way stop at once, each posting what leaves
+	// the queue; the node sends those before it closes.
+	<-settled
 	c.wd.stop()
 	c.be.close()
 	c.announce(lost)
 	return nil
+}
+
+// Shutdown closes the Client gracefully: it stops acquisitions at once
+// (waiting ones too: LockContext and TryLockContext return ErrClosed,
+// TryLock says false, Lock blocks for good), lets the goroutines that hold
+// locks finish (their nested Locks still count, their Unlocks release as
+// usual), and once no hold is left, or when ctx ends, closes the Client as
+// Close does, which loses the holds still held. It returns nil, ctx's error
+// if it ended first, or ErrClosed if the Client was closed already.
+//
+// A service that shuts down calls it with a deadline, after it stopped
+// handing out work:
+//
+//	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+//	defer cancel()
+//	_ = locks.Shutdown(ctx)
+func (c *Client) Shutdown(ctx context.Context) error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return ErrClosed
+	}
+	c.stopLocked()
+	drained := c.drained
+	c.mu.Unlock()
+	var err error
+	select {
+	case <-drained:
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
+	if cerr := c.Close(); cerr != nil && err == nil {
+		err = cerr // closed by someone else meanwhile
+	}
+	return err
+}
+
+// stopLocked stops acquisitions, waking the waiters, and prepares drained.
+func (c *Client) stopLocked() {
+	if c.draining {
+		return
+	}
+	c.draining = true
+	close(c.stopping)
+	c.drained = make(chan struct{})
+	c.wd.drainedLocked()
+	c.settled = make(chan struct{})
+	c.attemptDoneLocked(0)
+}
+
+// attemptDoneLocked counts the end of n acquisitions under way (see
+// acquire), and tells Close when none is left once acquisitions stopped.
+func (c *Client) attemptDoneLocked(n int) {
+	c.attempts -= n
+	if c.draining && c.attempts == 0 && !isClosed(c.settled) {
+		close(c.settled)
+	}
+}
+
+// blockClosed is where Lock waits on a closed Client: it cannot return
+// without the lock.
+func (c *Client) blockClosed(m *DistMutex) {
+	c.log.Warn("remutex: Lock on a closed Client blocks for good (use LockContext to get ErrClosed)", "lock", m.spec.name)
+	select {}
 }
 
 // report hands err to the error handler, if there is one.

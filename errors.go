@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strconv"
 	"strings"
 
 	"github.com/redis/go-redis/v9"
@@ -94,22 +95,54 @@ func (e *authError) Error() string {
 func (e *authError) Is(target error) bool { return target == ErrAuthRequired }
 func (e *authError) Unwrap() error        { return e.reply }
 
+// LockError is the error of an operation on one lock: DistMutex's and
+// DistRWMutex's methods return their errors as a *LockError, and hand the
+// errors they cannot return (to the error handler of WithErrorHandler) as
+// one too, so that errors.As tells which lock and which operation. It wraps
+// the cause: errors.Is(err, ErrLockLost) and the like see through it.
+type LockError struct {
+	Lock string // the lock's name
+	// Op is the operation: "lock" (Lock, LockContext), "trylock" (TryLock,
+	// TryLockContext) and "unlock" (Unlock, UnlockContext), prefixed with
+	// "r" for the read side of a DistRWMutex ("rlock", "runlock", ...);
+	// "hold" for a loss found while the lock was held (a renewal denied or
+	// too late, a fixed lease that ran out, Close); "inspect" and
+	// "forceunlock" for the Client's admin calls; "" where none applies.
+	Op  string
+	Err error // the cause
+}
+
+// Error reads "remutex: <op> <lock name, quoted>: <cause>", e.g.
+// `remutex: unlock "stock:42": lock lost: ...` (with "lock" for an empty Op).
+func (e *LockError) Error() string {
+	op := e.Op
+	if op == "" {
+		op = "lock"
+	}
+	return fmt.Sprintf("remutex: %s %q: %s", op, e.Lock, strings.TrimPrefix(e.Err.Error(), "remutex: "))
+}
+
+func (e *LockError) Unwrap() error { return e.Err }
+
 // lockError wraps err with the name of the lock it concerns, keeping it
 // matchable with errors.Is and errors.As.
 func lockError(name string, err error) error {
-	return &namedError{name: name, err: err}
+	return &LockError{Lock: name, Err: err}
 }
 
-type namedError struct {
-	name string
-	err  error
+// NoExpiryError reports that a lock's key holds a hold without an expiry:
+// remutex never leaves one (every hold has a lease), so something else wrote
+// it or removed its expiry, and the lock will not end by itself. Client.Inspect
+// shows it; Client.ForceUnlock releases it. It is permanent: Lock and TryLock
+// panic with it, the Context forms return it.
+type NoExpiryError struct {
+	Key   string // the Redis key
+	Owner string // the owner token it holds, as the key names it
 }
 
-func (e *namedError) Error() string {
-	return fmt.Sprintf("remutex: lock %q: %s", e.name, strings.TrimPrefix(e.err.Error(), "remutex: "))
+func (e *NoExpiryError) Error() string {
+	return fmt.Sprintf("remutex: lock key %q is held by %q with no expiry (not a lease remutex set: release it with ForceUnlock, or find what wrote it)", e.Key, e.Owner)
 }
-
-func (e *namedError) Unwrap() error { return e.err }
 
 // scriptError turns the error reply of a script call into a Go error: the
 // typed WrongTypeError where a script refused a key, an error matching
@@ -123,14 +156,43 @@ func scriptError(err error) error {
 			typ, key, _ := strings.Cut(rest, " ")
 			return &WrongTypeError{Key: key, Type: typ}
 		}
+		if rest, ok := strings.CutPrefix(msg, "NOEXPIRY remutex "); ok {
+			return noExpiry(rest, err)
+		}
 		// Redis answers a command of more than a few arguments from an
 		// unauthenticated connection with "Protocol error: unauthenticated
 		// multibulk length" (and closes it), shorter ones with NOAUTH.
 		if strings.HasPrefix(msg, "NOAUTH") || strings.Contains(msg, "unauthenticated") {
 			return &authError{reply: err}
 		}
+		return err
+	}
+	if isProtocolError(err) {
+		return fmt.Errorf("%w: the server does not speak the Redis protocol (is the address right?): %w", errNotRedis, err)
 	}
 	return err
+}
+
+// noExpiry parses "<bytes of the key> <key> <owner>" (see queue.lua's
+// no_expiry): key and owner may hold spaces.
+func noExpiry(rest string, err error) error {
+	n, tail, _ := strings.Cut(rest, " ")
+	k, cerr := strconv.Atoi(n)
+	if cerr != nil || k < 0 || k+1 > len(tail) {
+		return err
+	}
+	return &NoExpiryError{Key: tail[:k], Owner: tail[k+1:]}
+}
+
+// errNotRedis is the start of the error for a server that answered with
+// something that is not a Redis reply (an HTTP server, say): permanent.
+var errNotRedis = errors.New("remutex: not a Redis server")
+
+// isProtocolError reports an error of go-redis's reply parser: the server
+// answered with something that is not a Redis reply.
+func isProtocolError(err error) bool {
+	msg := err.Error()
+	return strings.HasPrefix(msg, "redis: invalid reply") || strings.HasPrefix(msg, "redis: can't parse")
 }
 
 // transientPrefixes are the Redis error replies that pass on their own:
@@ -141,12 +203,16 @@ var transientPrefixes = []string{
 }
 
 // transient reports whether err is worth retrying: network failures,
-// timeouts, and the Redis replies above. Everything else (WRONGTYPE, NOPERM,
-// OOM, script errors, ErrClosed, a context's end) is permanent.
+// timeouts (a deadline that ended a call: callers look at their own
+// context first), and the Redis replies above. Everything else (WRONGTYPE,
+// NOPERM, OOM, script errors, a server that is not Redis, ErrClosed, a
+// cancelled context) is permanent.
 func transient(err error) bool {
-	if err == nil || errors.Is(err, ErrClosed) ||
-		errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+	if err == nil || errors.Is(err, ErrClosed) || errors.Is(err, context.Canceled) {
 		return false
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		return true
 	}
 	if errors.Is(err, ErrTooFewReplicas) || errors.Is(err, ErrNoQuorum) {
 		return true

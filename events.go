@@ -168,16 +168,23 @@ func WithHook(f func(Event)) Option {
 	return func(c *Client) { c.hook = f }
 }
 
-// notice is news to pass on once Client.mu is released: an error for the
-// error handler, an event for the hook.
+// notice is news to pass on once Client.mu is released: contexts of a hold
+// to end (with cause), an error for the error handler, an event for the
+// hook.
 type notice struct {
-	err error
-	ev  Event
+	err   error
+	ev    Event
+	ctxs  []context.CancelCauseFunc
+	cause error
 }
 
-// announce passes notices on to the error handler and the hook.
+// announce ends the contexts of notices, then passes them on to the error
+// handler and the hook.
 func (c *Client) announce(ns []notice) {
 	for _, n := range ns {
+		for _, cancel := range n.ctxs {
+			cancel(n.cause)
+		}
 		if n.err != nil {
 			c.report(n.err)
 		}

@@ -181,59 +181,78 @@ func (m *DistMutex) client() *Client {
 }
 
 // Lock locks m, waiting until it is free. If the calling goroutine already
-// holds m, Lock raises its hold count (one round trip) instead. Transient Redis
-// errors are retried with capped exponential backoff and reported to the error
-// handler; Lock returns only once the lock is held. Permanent errors (a key of
-// another type, NOPERM, OOM when Redis reached maxmemory, a script error, a
-// closed Client) panic with the error, whose message starts "remutex: " (a
-// recovered value works with errors.Is and errors.As). A nested Lock on a hold
-// that was lost raises the count all the same and reports ErrLockLost to the
-// error handler: Lost stays closed, and the matching Unlocks report
-// ErrLockLost.
+// holds m, Lock raises its hold count (one round trip, which checks that
+// Redis still has the hold) instead; a hold that was lost has ended, and
+// Lock takes the lock anew (see Unlock for the Unlocks the lost hold is
+// owed). Transient Redis errors are retried with capped exponential backoff
+// and reported to the error handler (and, at most every 10s per lock, to
+// the logger); Lock returns only once the lock is held.
+//
+// Errors that no retry can mend panic with the error, whose message starts
+// "remutex: " (a recovered value works with errors.Is and errors.As): a key
+// of another type under the lock's name (*WrongTypeError), a hold without
+// expiry (*NoExpiryError), a user that may not run a command (NOPERM; see
+// Client.Check), ErrAuthRequired, a server that does not speak the Redis
+// protocol, OOM, a script error. Check the connection up front with
+// Client.Check rather than meeting these at the first Lock.
+//
+// On a closed Client (Close or Shutdown, before or while Lock waits) Lock
+// blocks for good, like a sync.Mutex that is never unlocked: it cannot
+// return without the lock, and a process that shuts down must not crash.
+// Use LockContext where a goroutine must stop at shutdown: it returns
+// ErrClosed.
 func (m *DistMutex) Lock() {
-	if _, err := m.lock(context.Background(), false, true); err != nil {
+	if _, err := m.lock(context.Background(), false); err != nil {
+		if errors.Is(err, ErrClosed) {
+			m.c.blockClosed(m)
+		}
 		panic(err)
 	}
 }
 
 // LockContext locks m like Lock, but gives up when ctx is done, returning
-// ctx.Err() wrapped with the lock's name (and the last Redis error, if one
-// was being retried); it then leaves nothing behind (no hold, no queue entry,
-// no renewal, no subscription once it lingered out). Permanent errors are
-// returned, wrapped. A nested LockContext on a lost hold returns ErrLockLost
-// and leaves the count as it was. ctx ends the wait between round trips; a
-// round trip in flight ends by ctx only if the redis client has
-// ContextTimeoutEnabled, otherwise by its ReadTimeout.
+// ctx's error (and the last Redis error, if one was being retried, or that
+// a call was still unanswered), as a *LockError; it then leaves nothing
+// behind (no hold, no queue entry, no renewal, no subscription once it
+// lingered out). It returns within about a millisecond of ctx's end,
+// whatever Redis does and whatever the redis client's timeouts and retries:
+// a call still in flight then is treated as one whose reply was lost, and
+// leaving the queue (with a grant it may have got) is left to a call that
+// follows it to Redis in the background. It returns ErrClosed after Close
+// or Shutdown, and the errors that Lock panics with.
 func (m *DistMutex) LockContext(ctx context.Context) error {
-	_, err := m.lock(ctx, false, false)
+	_, err := m.lock(ctx, false)
 	return err
 }
 
 // TryLock tries to lock m once and reports whether it did, like
 // sync.Mutex.TryLock. It never waits for the lock, never joins the queue and
-// leaves nothing behind when it fails. Its attempt gets tryLockTimeout
-// (300ms) of the redis client's time, so that it answers within a few
-// hundred milliseconds when Redis is unreachable (go-redis alone retries
-// refused connections for over a second); if that cuts off a call Redis may
-// have applied, what it got is released again (for at most 200ms more, after
-// which its lease ends it). A round trip in flight is cut off at the
-// deadline only if the redis client has ContextTimeoutEnabled, otherwise at
-// its ReadTimeout. TryLock returns false while the lock is in starvation
-// mode (its longest waiter is owed the next hand-off), on a transient error
-// or no answer in time, and for a nested TryLock on a hold that was lost
-// (all reported to the error handler); it panics on permanent errors as
-// Lock does.
+// leaves nothing behind when it fails. It answers within TryLockTimeout
+// (300ms) whatever Redis does (paused, refusing connections, black-holed)
+// and whatever the redis client's options: a call not answered by then is
+// treated as one whose reply was lost, and what it may have got is released
+// by a call that follows it to Redis in the background. A nested TryLock of
+// a goroutine that holds m raises its count (one round trip).
+//
+// TryLock returns false when the lock is held by another owner, while it is
+// in starvation mode (its longest waiter is owed the next hand-off), when
+// Redis did not answer in time, on a transient error, on a closed Client,
+// and for a goroutine that holds only the read lock of a DistRWMutex (the
+// errors are reported to the error handler). It panics on the errors that
+// Lock panics with.
 func (m *DistMutex) TryLock() bool {
-	ctx, cancel := context.WithTimeout(context.Background(), tryLockTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), TryLockTimeout)
 	defer cancel()
-	ok, err := m.lock(ctx, true, true)
+	ok, err := m.lock(ctx, true)
 	switch {
 	case err == nil:
 		return ok
-	case errors.Is(err, context.DeadlineExceeded) && ctx.Err() != nil:
-		m.c.report(m.wrap(fmt.Errorf("TryLock: Redis did not answer within %v: %w", tryLockTimeout, context.DeadlineExceeded)))
+	case ctx.Err() != nil || errors.Is(err, context.DeadlineExceeded):
+		// TryLock's own deadline, or a timer of a pipeline it shared that
+		// fired a moment before it: no answer in time, either way.
+		m.c.report(m.wrapOp("trylock", fmt.Errorf("Redis did not answer within %v: %w", TryLockTimeout, context.DeadlineExceeded)))
 		return false
-	case transient(err) || errors.Is(err, ErrLockLost):
+	case transient(err) || errors.Is(err, ErrClosed):
 		m.c.report(err)
 		return false
 	case errors.Is(err, ErrUpgrade):
@@ -242,21 +261,17 @@ func (m *DistMutex) TryLock() bool {
 	panic(err)
 }
 
-// TryLock's bounds: its attempt, and the release of what an attempt cut off
-// by its deadline may have got.
-const (
-	tryLockTimeout = 300 * time.Millisecond
-	tryUndoTimeout = 200 * time.Millisecond
-)
+// TryLockTimeout bounds TryLock: it answers within it.
+const TryLockTimeout = 300 * time.Millisecond
 
 // TryLockContext is TryLock that returns errors instead of reporting them,
 // governed by ctx alone (no deadline of its own): (false, nil) means the
 // lock is held by another owner, or owed to a waiter, or the grant came back
-// too late to be valid (it was released again). If ctx ends while its call
-// is out, it returns ctx's error, wrapped, and releases what the call may
-// have got, as TryLock does.
+// too late to be valid (it was released again). It returns within about a
+// millisecond of ctx's end, with ctx's error, and what a call still in
+// flight may have got is released in the background, as by TryLock.
 func (m *DistMutex) TryLockContext(ctx context.Context) (bool, error) {
-	return m.lock(ctx, true, false)
+	return m.lock(ctx, true)
 }
 
 // Unlock unlocks m: it lowers the calling goroutine's hold count, and the
@@ -300,16 +315,22 @@ func (m *DistMutex) Lost() <-chan struct{} {
 	c := m.client()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if h := m.holdLocked(m.gid()); h != nil {
+	if h := m.liveLocked(m.gid()); h != nil {
 		return h.lostChanLocked()
 	}
 	return closedChan
 }
 
 // Fence returns the fencing token of the calling goroutine's hold of m: 0
-// without WithFencing or if it holds nothing.
+// without WithFencing or if it holds nothing. A hold that was lost keeps
+// its token until its Unlocks (or a new hold) replace it, so that a
+// critical section that goes on after the loss still writes with it, and
+// the storage refuses it.
 func (m *DistMutex) Fence() int64 {
-	if h := m.current(); h != nil {
+	c := m.client()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if h := m.holdLocked(m.gid()); h != nil {
 		return h.fence
 	}
 	return 0
@@ -320,7 +341,7 @@ func (m *DistMutex) current() *hold {
 	c := m.client()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if h := m.holdLocked(m.gid()); h != nil {
+	if h := m.liveLocked(m.gid()); h != nil {
 		cp := *h
 		return &cp
 	}
@@ -336,122 +357,211 @@ func (m *DistMutex) gid() int64 {
 
 func (m *DistMutex) wrap(err error) error { return lockError(m.spec.name, err) }
 
-// lock is the single implementation of the Lock family. try makes one
-// attempt; plain marks the sync.Locker forms, which retry transient errors
-// forever and count nested locks of a lost hold.
-func (m *DistMutex) lock(ctx context.Context, try, plain bool) (bool, error) {
+// wrapOp wraps err in a *LockError of operation op ("lock", "trylock",
+// "unlock": "r" before it on the read side; "hold").
+func (m *DistMutex) wrapOp(op string, err error) error {
+	if m.spec.read && op != "hold" {
+		op = "r" + op
+	}
+	return &LockError{Lock: m.spec.name, Op: op, Err: err}
+}
+
+// lock is the single implementation of the Lock family: one attempt with
+// try, else until held. Its errors are *LockError of "lock" or "trylock".
+func (m *DistMutex) lock(ctx context.Context, try bool) (bool, error) {
+	held, err := m.acquire(ctx, try)
+	if err != nil {
+		return false, m.wrapOp(lockOp(try), err)
+	}
+	return held, nil
+}
+
+func lockOp(try bool) string {
+	if try {
+		return "trylock"
+	}
+	return "lock"
+}
+
+// errEnded says that the hold a nested Lock was to raise ended (it was
+// lost): the goroutine takes the lock anew.
+var errEnded = errors.New("remutex: hold ended")
+
+// acquire raises the calling goroutine's hold of m, or takes m anew.
+func (m *DistMutex) acquire(ctx context.Context, try bool) (bool, error) {
 	c := m.client()
 	if err := ctx.Err(); err != nil {
-		return false, m.wrap(err)
+		return false, err
 	}
 	gid := m.gid()
-	c.mu.Lock()
-	if c.closed {
+	for {
+		c.mu.Lock()
+		h := m.liveLocked(gid)
+		switch {
+		case c.closed || c.draining && (h == nil || !m.reentrant):
+			c.mu.Unlock()
+			return false, ErrClosed
+		case h != nil && m.reentrant:
+			c.mu.Unlock()
+			held, err := m.nested(ctx, h, try)
+			if err == errEnded {
+				continue // lost meanwhile: take the lock anew
+			}
+			return held, err
+		case m.upgradeLocked(gid):
+			c.mu.Unlock()
+			return false, ErrUpgrade
+		}
+		var a attempt
+		m.initAttemptLocked(&a, gid, try)
+		left := c.stateLocked(m).takeLeftoverLocked(a.owner)
+		pairLeft := m.pair != nil && !a.pinned && c.stateLocked(m.pair).takeLeftoverLocked(a.owner)
+		c.attempts++ // Close waits for it to post what undoes it
 		c.mu.Unlock()
-		return false, m.wrap(ErrClosed)
+		defer func() {
+			c.mu.Lock()
+			c.attemptDoneLocked(1)
+			c.mu.Unlock()
+		}()
+		if pairLeft {
+			m.clearPairLeftover(ctx, a.owner)
+		}
+		if left {
+			m.clearLeftover(ctx, &a)
+		}
+		held, err := a.run(ctx)
+		if try && err != nil && (cutOff(ctx, err) || transient(err) || errors.Is(err, ErrClosed)) {
+			m.undoTry(ctx, a.owner)
+		}
+		return held, err
 	}
-	if h := m.holdLocked(gid); h != nil && m.reentrant {
-		c.mu.Unlock()
-		return m.nested(ctx, h, try, plain)
-	}
-	if m.upgradeLocked(gid) {
-		c.mu.Unlock()
-		return false, m.wrap(ErrUpgrade)
-	}
-	var a attempt
-	m.initAttemptLocked(&a, gid, try)
-	left := c.stateLocked(m).takeLeftoverLocked(a.owner)
-	c.mu.Unlock()
-	if left {
-		m.clearLeftover(ctx, &a)
-	}
-	held, err := a.run(ctx)
-	if try && err != nil && ctx.Err() != nil {
-		m.undoTry(ctx, a.owner)
-	}
-	return held, err
 }
 
-// undoTry releases what a TryLock cut off by the end of its context may
-// have got: Redis may have applied the call whose reply never came. The
-// owner token is the attempt's own (the goroutine holds nothing here, or it
-// is a NonReentrant mutex's fresh one), so no other hold is touched. It
-// takes at most tryUndoTimeout; failing that, the lease ends the grant. A
-// quorum gives back what a failed try got itself.
+// undoTry posts the release of what a TryLock's call may have got when its
+// reply never came (its context ended, or the connection failed after
+// sending it): Redis may have applied it. It is queued behind that call
+// before TryLock returns, so that it cannot overtake it, nor come after the
+// goroutine's next call (see postCtx). The owner token is the attempt's own
+// (the goroutine holds nothing here, or it is a NonReentrant mutex's fresh
+// one), so no other hold is touched. A quorum gives back what a failed try
+// got itself.
 func (m *DistMutex) undoTry(ctx context.Context, owner interface{}) {
-	if m.c.be.freshOwners() {
-		return
+	if !m.c.be.freshOwners() {
+		postRelease(ctx, m.c.be, &m.spec, owner)
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), tryUndoTimeout)
-	defer cancel()
-	_, _ = m.c.be.release(ctx, &m.spec, owner, 0, "0")
 }
 
-// nested raises the hold count of a goroutine that already holds m.
-func (m *DistMutex) nested(ctx context.Context, h *hold, try, plain bool) (bool, error) {
+// nested raises the hold count of a goroutine that already holds m. It
+// returns errEnded if the hold is lost, before or by its call: the goroutine
+// then takes the lock anew, for Lock never reports a hold that Redis does
+// not have.
+func (m *DistMutex) nested(ctx context.Context, h *hold, try bool) (bool, error) {
 	c := m.c
 	var bo backoff
 	for {
 		c.mu.Lock()
 		lost, have := h.lostErr, h.count
-		if lost != nil && plain && !try {
-			h.count++
-		}
 		c.mu.Unlock()
 		if lost != nil {
-			if plain && !try {
-				c.report(m.wrap(lost))
-				return true, nil
-			}
-			return false, m.wrap(lost)
+			return false, errEnded
 		}
 		sent := time.Now()
 		r, err := c.be.acquire(ctx, &m.spec, acquireReq{owner: h.owner, have: have, want: have + 1, lease: m.spec.keepArg})
 		switch {
 		case err == nil && r.code == replyGranted:
 			c.mu.Lock()
-			h.count = have + 1
-			if m.renew {
-				h.extendLocked(sent)
+			ended := h.lostErr != nil
+			if !ended {
+				h.count = have + 1
+				if m.renew {
+					h.extendLocked(sent)
+				}
 			}
 			c.mu.Unlock()
-			return true, nil
+			if !ended {
+				return true, nil
+			}
 		case err == nil:
 			c.mu.Lock()
 			lost := c.loseLocked(h, errHoldGone)
 			c.mu.Unlock()
 			c.announce(lost)
+		case cutOff(ctx, err):
+			return false, ctxErr(ctx, errNoReply)
 		case try || !transient(err):
-			return false, m.wrap(err)
+			return false, err
 		default:
-			if err := m.pause(ctx, &bo, err, "acquire"); err != nil {
+			if err := m.pause(ctx, &bo, err, lockOp(try)); err != nil {
 				return false, err
 			}
 		}
 	}
 }
 
+// errNoReply is the last error of a wait whose call was cut off by its
+// context before Redis answered.
+var errNoReply = errors.New("Redis did not answer the call in flight")
+
 // pause waits out one backoff step after a transient error, reporting it.
 func (m *DistMutex) pause(ctx context.Context, bo *backoff, cause error, op string) error {
-	m.c.report(m.wrap(cause))
-	m.c.log.Warn("remutex: retrying after transient error", "lock", m.spec.name, "op", op, "err", cause)
+	m.c.report(m.wrapOp(op, cause))
+	m.warnRetry(op, cause)
 	t := time.NewTimer(bo.next())
 	defer t.Stop()
 	select {
 	case <-t.C:
 		return nil
 	case <-ctx.Done():
-		return m.ctxErr(ctx, cause)
-	case <-m.c.closing:
-		return m.wrap(ErrClosed)
+		return ctxErr(ctx, cause)
+	case <-m.c.stopping:
+		return ErrClosed
 	}
 }
 
-// ctxErr is ctx's error wrapped with the lock's name and, when there was
-// one, the last Redis error that was being retried.
-func (m *DistMutex) ctxErr(ctx context.Context, last error) error {
-	if last == nil {
-		return m.wrap(ctx.Err())
+// cutOff reports whether err ended a call because ctx's deadline passed:
+// ctx is done, or err is a deadline that a timer of the redis client (set
+// from ctx's deadline) met a moment before ctx's own, which cutOff then
+// waits for.
+func cutOff(ctx context.Context, err error) bool {
+	if ctx.Err() != nil {
+		return true
 	}
-	return m.wrap(fmt.Errorf("%w (last error: %w)", ctx.Err(), last))
+	d, ok := ctx.Deadline()
+	if !ok || err == nil || !errors.Is(err, context.DeadlineExceeded) || time.Until(d) > 5*time.Millisecond {
+		return false
+	}
+	<-ctx.Done()
+	return true
+}
+
+// ctxErr is ctx's error and, when there was one, the last Redis error that
+// was being retried.
+func ctxErr(ctx context.Context, last error) error {
+	if last == nil {
+		return ctx.Err()
+	}
+	return fmt.Errorf("%w (last error: %w)", ctx.Err(), last)
+}
+
+// warnEvery is the least time between two log lines of a lock's retried
+// errors: a Redis that is down (or a wrong address) would otherwise log a
+// line per retry and lock, beside the redis client's own.
+const warnEvery = 10 * time.Second
+
+// warnRetry logs a transient error that op retries, at most once per
+// warnEvery for the lock, with the number of errors it did not log since.
+func (m *DistMutex) warnRetry(op string, err error) {
+	c := m.c
+	now := time.Now()
+	c.mu.Lock()
+	st := c.stateLocked(m)
+	if !st.warned.IsZero() && now.Sub(st.warned) < warnEvery {
+		st.unlogged++
+		c.mu.Unlock()
+		return
+	}
+	skipped := st.unlogged
+	st.warned, st.unlogged = now, 0
+	c.mu.Unlock()
+	c.log.Warn("remutex: retrying after transient error", "lock", m.spec.name, "op", op, "err", err, "unlogged", skipped)
 }

@@ -471,6 +471,7 @@ func TestGiveUpReleasesGrant(t *testing.T) {
 		await(t, leaving, "the waiter to leave the queue")
 		p.Resume()
 		assert.ErrorIs(t, await(t, res, "LockContext to give up"), context.Canceled)
+		settled(t, wc)
 		assert.Equal(t, int64(0), rdb.Exists(ctx, k.hash, k.queue, k.alive).Val(), "keys after the waiter left")
 		assert.Equal(t, 0, watchdogHolds(wc), "holds renewed by the waiter's Client")
 	})

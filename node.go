@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -25,11 +26,12 @@ type node struct {
 	log       *slog.Logger
 	cluster   bool // rdb is a *redis.ClusterClient
 	ack       replicaAck
-	starve    string      // starvation threshold in µs; -1 (never), in a quorum
-	nodeArg   interface{} // "<starve µs> <publish command>" for the slow paths (queue.lua)
-	shardOnce sync.Once   // decides shardPub with the first lock operation
-	shardPub  bool        // release messages use sharded pub/sub
-	batch     batcher     // coalesces the lock script calls of concurrent callers
+	starve    string         // starvation threshold in µs; -1 (never), in a quorum
+	nodeArgs  [2]interface{} // "<starve µs> <publish command>" for the slow paths (queue.lua): classic, sharded
+	shardOnce sync.Once      // decides shardPub with the first lock operation
+	decided   atomic.Bool    // shardPub is decided
+	shardPub  atomic.Bool    // release messages use sharded pub/sub
+	batch     batcher        // coalesces the lock script calls of concurrent callers
 	subscriber
 }
 
@@ -38,7 +40,7 @@ func newNode(c *Client, rdb redis.UniversalClient, starve time.Duration) *node {
 	if starve != never {
 		n.starve = strconv.FormatInt(starve.Microseconds(), 10)
 	}
-	n.nodeArg = n.starve + " publish"
+	n.nodeArgs = [2]interface{}{n.starve + " publish", n.starve + " spublish"}
 	_, n.cluster = rdb.(*redis.ClusterClient)
 	n.subscriber.c, n.subscriber.n = c, n
 	n.batch.n = n
@@ -76,22 +78,24 @@ func (cl *call) build(ctx context.Context, eval bool) {
 // send runs calls through t: alone with one round trip, or in one pipeline
 // when asked, when there are several, or when wait asks for replica
 // acknowledgement (WAIT must share the writes' connection; its reply is
-// returned). A server that
-// does not have a script (first use, SCRIPT FLUSH, a restart: a NOSCRIPT
-// reply, matched by its error code) gets those calls again with EVAL, and
-// only those: the others had their replies.
+// returned). A server that does not have a script (first use, SCRIPT
+// FLUSH, a restart: a NOSCRIPT reply, matched by its error code) gets the
+// calls again from the first that it refused, in their order: those
+// refused with EVAL, the others (applied once already) with EVALSHA. So
+// the calls take effect in the order they were made, which a call that
+// undoes another one relies on (see postCtx), and each caller gets the
+// reply of the last application; applying a lock script twice is safe, as
+// a resent call is.
 func (n *node) send(ctx context.Context, t target, calls []*call, wait, pipeline bool) (acks *redis.IntCmd) {
-	for _, eval := range [2]bool{false, true} {
+	var evals []bool // per call: send it with EVAL
+	for pass := 0; ; pass++ {
 		if len(calls) == 1 && !wait && !pipeline {
-			calls[0].build(ctx, eval)
+			calls[0].build(ctx, evals != nil && evals[0])
 			_ = t.Process(ctx, calls[0].cmd)
 		} else {
 			pipe := t.Pipeline()
-			for _, cl := range calls {
-				if eval && !isNoScript(cl) {
-					continue // answered
-				}
-				cl.build(ctx, eval)
+			for i, cl := range calls {
+				cl.build(ctx, evals != nil && evals[i])
 				_ = pipe.Process(ctx, cl.cmd)
 			}
 			if wait {
@@ -100,20 +104,29 @@ func (n *node) send(ctx context.Context, t target, calls []*call, wait, pipeline
 			}
 			_, _ = pipe.Exec(ctx)
 		}
-		if !anyNoScript(calls) {
-			break
+		first := firstNoScript(calls)
+		if first < 0 || pass == 2 {
+			return acks
+		}
+		calls = calls[first:]
+		evals = make([]bool, len(calls))
+		for i, cl := range calls {
+			// (A third pass, after scripts were flushed once more between
+			// two, sends them all in full.)
+			evals[i] = pass == 1 || isNoScript(cl)
 		}
 	}
-	return acks
 }
 
-func anyNoScript(calls []*call) bool {
-	for _, cl := range calls {
+// firstNoScript returns the index of the first call the server refused
+// with NOSCRIPT, or -1.
+func firstNoScript(calls []*call) int {
+	for i, cl := range calls {
 		if isNoScript(cl) {
-			return true
+			return i
 		}
 	}
-	return false
+	return -1
 }
 
 // (HasErrorPrefix allocates even for nil: look first.)
@@ -148,7 +161,10 @@ func (n *node) tail(ctx context.Context, s *lockSpec) (nodeArg, queueArg interfa
 	if n.cluster {
 		n.sharded(ctx)
 	}
-	return n.nodeArg, s.queueArg
+	if n.shardPub.Load() {
+		return n.nodeArgs[1], s.queueArg
+	}
+	return n.nodeArgs[0], s.queueArg
 }
 
 func (n *node) acquire(ctx context.Context, s *lockSpec, r acquireReq) (reply, error) {
@@ -177,10 +193,21 @@ func (n *node) acquire(ctx context.Context, s *lockSpec, r acquireReq) (reply, e
 }
 
 // ackedAcquire runs acquire followed by WAIT on the same connection (one
-// round trip). A grant that fewer than the required replicas acknowledged
-// is rolled back and reported as ErrTooFewReplicas: a failover could
-// otherwise promote a replica that never saw it.
+// round trip), as a job of the batcher (so that it is cut off by ctx, and
+// what undoes it follows it). A grant that fewer than the required replicas
+// acknowledged is given back and reported as ErrTooFewReplicas: a failover
+// could otherwise promote a replica that never saw it.
 func (n *node) ackedAcquire(ctx context.Context, s *lockSpec, owner interface{}, args []interface{}) (reply, error) {
+	var r reply
+	var err error
+	if jerr := n.batch.job(ctx, func(ctx context.Context) { r, err = n.ackedRound(ctx, s, owner, args) }); jerr != nil {
+		return reply{}, jerr
+	}
+	return r, err
+}
+
+// ackedRound is ackedAcquire's round trip, run by the drainer.
+func (n *node) ackedRound(ctx context.Context, s *lockSpec, owner interface{}, args []interface{}) (reply, error) {
 	t, err := n.masterFor(ctx, s.hash())
 	if err != nil {
 		return reply{}, err
@@ -197,7 +224,7 @@ func (n *node) ackedAcquire(ctx context.Context, s *lockSpec, owner interface{},
 		return r, err
 	}
 	if err := n.ackErr(acks); err != nil {
-		rollback(ctx, n, s, owner)
+		postRelease(ctx, n, s, owner) // posted: the drainer sends it next round
 		return reply{}, err
 	}
 	return r, nil
@@ -225,7 +252,8 @@ func (n *node) masterFor(ctx context.Context, key string) (target, error) {
 }
 
 func (n *node) release(ctx context.Context, s *lockSpec, owner interface{}, want int, lease interface{}) (int64, error) {
-	if want == 0 && s.quick.calm() {
+	if want == 0 && s.quick.calm() && !isPosted(ctx) {
+		// (A posted release cannot look at the reply: release.lua alone.)
 		v, err := n.evalOn(ctx, s.quick.unlockKeys, s.quick.unlock, owner)
 		if err != nil {
 			return 0, err

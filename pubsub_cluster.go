@@ -128,29 +128,34 @@ func (s *subscriber) follow(conn *psConn, chans []string) {
 }
 
 // sharded reports whether release messages use sharded pub/sub: on a
-// ClusterClient whose servers are Redis 7 or later. It is decided once, with
-// the Client's first lock operation.
+// ClusterClient whose servers know SPUBLISH (Redis 7 or later). It is
+// decided once, with the Client's first lock operation, by a job of the
+// batcher (so that a server that does not answer holds up no caller past
+// its context); until then, and where it cannot be told, classic pub/sub.
 func (n *node) sharded(ctx context.Context) bool {
-	n.shardOnce.Do(func() {
-		cc, ok := n.rdb.(*redis.ClusterClient)
-		if !ok {
-			return
-		}
-		info, err := cc.Info(ctx, "server").Result()
-		if err != nil {
-			n.log.Warn("remutex: cannot tell the cluster's Redis version; using classic pub/sub", "err", err)
-			return
-		}
-		for _, line := range strings.Split(info, "\n") {
-			if v, ok := strings.CutPrefix(strings.TrimSpace(line), "redis_version:"); ok {
-				major, _, _ := strings.Cut(v, ".")
-				if v, err := strconv.Atoi(major); err == nil && v >= 7 {
-					n.shardPub = true
-					n.nodeArg = n.starve + " spublish"
-				}
-				break
-			}
-		}
+	if n.decided.Load() {
+		return n.shardPub.Load()
+	}
+	cc, ok := n.rdb.(*redis.ClusterClient)
+	if !ok {
+		return false
+	}
+	_ = n.batch.job(ctx, func(ctx context.Context) {
+		n.shardOnce.Do(func() { n.decideSharded(ctx, cc) })
 	})
-	return n.shardPub
+	return n.shardPub.Load()
+}
+
+// decideSharded asks COMMAND INFO, which any ACL user with @connection may
+// run, whether the cluster knows SPUBLISH.
+func (n *node) decideSharded(ctx context.Context, cc *redis.ClusterClient) {
+	defer n.decided.Store(true)
+	v, err := cc.Do(ctx, "command", "info", "spublish").Slice()
+	if err != nil {
+		n.log.Warn("remutex: cannot tell whether the cluster has sharded pub/sub; using classic pub/sub", "err", err)
+		return
+	}
+	if len(v) == 1 && v[0] != nil {
+		n.shardPub.Store(true)
+	}
 }

@@ -231,7 +231,7 @@ func (g *giveBack) grantedLate(ctx context.Context, nd *node, s *lockSpec, owner
 	}
 	g.mu.Unlock()
 	if failed {
-		rollback(ctx, nd, s, owner)
+		postRelease(ctx, nd, s, owner)
 	}
 }
 
@@ -247,7 +247,7 @@ func (g *giveBack) fail(ctx context.Context, q *quorum, as []answer[reply], s *l
 		}
 	}
 	for _, nd := range late {
-		rollback(ctx, nd, s, owner)
+		postRelease(ctx, nd, s, owner) // queued at once, on no one's time
 	}
 }
 
@@ -308,9 +308,7 @@ func (q *quorum) raiseFence(ctx context.Context, s *lockSpec, token int64) error
 		return k
 	}
 	as := fanOut(q, func(n *node) (interface{}, error) {
-		cl := &call{s: raiseScript, keys: s.keyArgs[1:2], args: []interface{}{token}}
-		n.send(ctx, n.rdb, []*call{cl}, false, false)
-		return cl.cmd.Result()
+		return n.evalOn(ctx, s.keyArgs[1:2], raiseScript, token)
 	}, func(as []answer[interface{}]) bool { return ok(as) >= q.majority }, nil)
 	if got := ok(as); got < q.majority {
 		return fmt.Errorf("%w: fence raised on %d of %d", ErrNoQuorum, got, len(q.nodes))

@@ -147,8 +147,15 @@ func (rw *DistRWMutex) Fence() int64 {
 	c := rw.w.client()
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	gid := rw.w.gid()
 	if h := rw.holdLocked(); h != nil {
 		return h.fence
+	}
+	// A lost hold keeps its token, as DistMutex.Fence says.
+	for _, h := range []*hold{rw.w.holdLocked(gid), rw.r.holdLocked(gid)} {
+		if h != nil {
+			return h.fence
+		}
 	}
 	return 0
 }
@@ -156,17 +163,17 @@ func (rw *DistRWMutex) Fence() int64 {
 // holdLocked returns the calling goroutine's write hold, else its read hold.
 func (rw *DistRWMutex) holdLocked() *hold {
 	gid := rw.w.gid()
-	if h := rw.w.holdLocked(gid); h != nil {
+	if h := rw.w.liveLocked(gid); h != nil {
 		return h
 	}
-	return rw.r.holdLocked(gid)
+	return rw.r.liveLocked(gid)
 }
 
 // upgradeLocked reports a write lock asked for by goroutine gid, which holds
 // only a read lock of the same DistRWMutex (reentrant): it would wait for
 // itself.
 func (m *DistMutex) upgradeLocked(gid int64) bool {
-	return m.pair != nil && !m.spec.read && m.reentrant && m.pair.holdLocked(gid) != nil
+	return m.pair != nil && !m.spec.read && m.reentrant && m.pair.liveLocked(gid) != nil
 }
 
 // pinnedOwnerLocked gives a read attempt of a goroutine that holds the write
@@ -176,7 +183,7 @@ func (m *DistMutex) pinnedOwnerLocked(a *attempt, gid int64) bool {
 	if m.pair == nil || !m.spec.read || !m.reentrant {
 		return false
 	}
-	h := m.pair.holdLocked(gid)
+	h := m.pair.liveLocked(gid)
 	if h == nil {
 		return false
 	}

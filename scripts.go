@@ -49,8 +49,15 @@ type luaScript struct {
 // helpers of queue.lua and rw.lua come after a script's fast path, so that
 // an uncontended call never builds them).
 func loadScript(name string) *luaScript {
-	return newLuaScript(include(readScript(name + ".lua")))
+	sc := newLuaScript(include(readScript(name + ".lua")))
+	scripts = append(scripts, sc)
+	return sc
 }
+
+// scripts are every script loadScript made (Client.Check loads them all).
+var scripts []*luaScript
+
+func allScripts() []*luaScript { return scripts }
 
 func readScript(file string) string {
 	b, err := scriptFiles.ReadFile("scripts/" + file)

@@ -32,6 +32,10 @@ type lockState struct {
 	// early are messages for queue entries that had no local waiter yet: the
 	// call that queued a waiter may return after its grant was sent.
 	early []early
+	// warned is when a retried error of the lock was last logged, unlogged
+	// how many were not since (see warnRetry).
+	warned   time.Time
+	unlogged int
 }
 
 // leftover is a hold whose final release failed (or, lost, whose rollback
@@ -96,6 +100,18 @@ func (m *DistMutex) clearLeftover(ctx context.Context, a *attempt) {
 	a.owner = ownerString(a.owner) + "." + strconv.FormatUint(c.nextSeqLocked(), 10)
 }
 
+// clearPairLeftover releases, before a DistRWMutex's attempt on one side,
+// what owner may have left on the other side (a read hold that ran out
+// locally, still a reader on the server for a moment): the attempt would
+// otherwise wait for the goroutine's own ended hold. If that fails, the
+// leftover is kept, and the attempt waits for its deadline.
+func (m *DistMutex) clearPairLeftover(ctx context.Context, owner interface{}) {
+	p := m.pair
+	if err := rollback(ctx, p.c.be, &p.spec, owner); err != nil {
+		p.leftOver(&hold{owner: owner})
+	}
+}
+
 // early is a message that came before its waiter was registered.
 type early struct {
 	entry   string
@@ -152,8 +168,10 @@ type hold struct {
 	next     time.Time // next renewal
 	inBatch  bool      // a renewal of it is in flight
 	ending   bool      // its final release is in flight: renewal replies are moot
+	dropped  bool      // no longer listed (unlocked, or forgotten; see endLocked)
 	lostCh   chan struct{}
-	lostErr  error // non-nil once lost; wraps ErrLockLost
+	lostErr  error                     // non-nil once lost; wraps ErrLockLost
+	ctxs     []context.CancelCauseFunc // its HoldContexts, ended with it
 }
 
 func (h *hold) lostChanLocked() chan struct{} {
@@ -242,7 +260,14 @@ func (c *Client) nextSeqLocked() uint64 {
 	return c.seq
 }
 
-// holdLocked returns the hold of goroutine gid (NonReentrant: of m), or nil.
+// holdLocked returns the hold that an Unlock of goroutine gid (NonReentrant:
+// of m) ends or lowers: its live hold, else its latest hold that ended by a
+// loss and still awaits its Unlocks; nil if there is none.
+//
+// A hold that is lost ends for its goroutine at once (see liveLocked): the
+// next Lock takes the lock anew. Its Unlocks are still owed, and they come
+// after those of any hold taken since: a goroutine's Unlocks pair with its
+// Locks last-in first-out, as a nested Lock's do.
 func (m *DistMutex) holdLocked(gid int64) *hold {
 	if !m.reentrant {
 		// The latest hold whose final release is not in flight already.
@@ -260,10 +285,24 @@ func (m *DistMutex) holdLocked(gid int64) *hold {
 	if st == nil {
 		return nil
 	}
+	var ended *hold
 	for _, h := range st.holds {
-		if h.gid == gid {
+		if h.gid != gid {
+			continue
+		}
+		if h.lostErr == nil {
 			return h
 		}
+		ended = h
+	}
+	return ended
+}
+
+// liveLocked returns the hold of goroutine gid (NonReentrant: of m) that is
+// not lost, or nil: what HoldCount, Lost, Fence and a nested Lock see.
+func (m *DistMutex) liveLocked(gid int64) *hold {
+	if h := m.holdLocked(gid); h != nil && h.lostErr == nil {
+		return h
 	}
 	return nil
 }
@@ -292,6 +331,7 @@ func (m *DistMutex) addHoldLocked(h *hold) {
 // dropHoldLocked forgets a hold whose count reached 0.
 func (m *DistMutex) dropHoldLocked(h *hold) {
 	c := m.c
+	h.dropped = true
 	c.wd.removeLocked(h)
 	st := c.locks[m.spec.hash()]
 	if st == nil {
@@ -323,9 +363,13 @@ func (st *lockState) removeWaiterLocked(w *waiter) {
 	}
 }
 
-// loseLocked marks h lost: Lost closes, renewal stops, Unlock will report
-// ErrLockLost. It returns the notice to announce once c.mu is released (none
-// if h was lost already).
+// loseLocked marks h lost: Lost closes, the hold's contexts end, renewal
+// stops, and the hold ends for its goroutine (see holdLocked): Unlock will
+// report ErrLockLost, and the next Lock takes the lock anew. If the lock's
+// field may still be on the server (the validity ran out first), it is a
+// leftover that the goroutine's next acquisition clears first, so that it
+// does not take the field for its own. It returns the notice to announce
+// once c.mu is released (none if h was lost already).
 func (c *Client) loseLocked(h *hold, cause error) []notice {
 	if h.lostErr != nil {
 		return nil
@@ -335,11 +379,60 @@ func (c *Client) loseLocked(h *hold, cause error) []notice {
 		close(h.lostCh)
 	}
 	c.wd.removeLocked(h)
+	if cause == errExpired || cause == errLeaseEnd {
+		h.m.leftOverLocked(h)
+	}
+	c.endLocked(h)
 	c.log.Warn("remutex: lock lost", "lock", h.m.spec.name, "owner", ownerString(h.owner), "fence", h.fence, "cause", cause.Error())
-	err := h.m.wrap(h.lostErr)
+	err := h.m.wrapOp("hold", h.lostErr)
 	ev := h.event(EventLost, time.Since(h.acquired), err)
 	ev.Reason = lossReason(cause)
-	return []notice{{err: err, ev: ev}}
+	return []notice{{err: err, ev: ev, ctxs: h.takeContextsLocked(), cause: err}}
+}
+
+// maxEnded bounds the lost holds of a Client's goroutines that wait for
+// their Unlocks (a hold of a fixed lease that is never unlocked, say). Past
+// it the oldest is forgotten: its goroutine's Unlock then panics as an
+// unlock of an unlocked mutex would.
+const maxEnded = 1024
+
+// endLocked keeps h, just lost, for the Unlocks its goroutine owes: folded
+// into an earlier lost hold of the same goroutine and lock, whose Unlocks
+// come after h's and report the same, or counted towards maxEnded.
+func (c *Client) endLocked(h *hold) {
+	m := h.m
+	if !m.reentrant || h.ending {
+		// One hold per DistMutex value, replaced by its next Lock; or a
+		// final release in flight, which drops the hold when it settles.
+		return
+	}
+	st := c.stateLocked(m)
+	for _, e := range st.holds {
+		if e != h && e.gid == h.gid && e.lostErr != nil {
+			e.count += h.count
+			e.lostErr = h.lostErr
+			m.dropHoldLocked(h)
+			return
+		}
+	}
+	c.ended = append(c.ended, h)
+	if len(c.ended) <= maxEnded {
+		return
+	}
+	// Forget holds unlocked since, then the oldest if still too many.
+	keep := c.ended[:0]
+	for _, e := range c.ended {
+		if !e.dropped {
+			keep = append(keep, e)
+		}
+	}
+	clear(c.ended[len(keep):])
+	c.ended = keep
+	if len(c.ended) > maxEnded {
+		old := c.ended[0]
+		c.ended = c.ended[1:]
+		old.m.dropHoldLocked(old)
+	}
 }
 
 // jitter returns a random duration in [0, d).

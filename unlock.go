@@ -2,6 +2,7 @@ package remutex
 
 import (
 	"context"
+	"fmt"
 	"time"
 )
 
@@ -16,40 +17,32 @@ const unlockTimeout = time.Second
 // unlock is the single implementation of Unlock and UnlockContext.
 func (m *DistMutex) unlock(ctx context.Context, plain bool) error {
 	c := m.client()
+	gid := m.gid()
 	c.mu.Lock()
-	h := m.holdLocked(m.gid())
-	if h == nil || h.ending {
-		// (ending: a NonReentrant mutex whose final release another
-		// goroutine is already sending.)
-		c.mu.Unlock()
-		if plain {
-			panic(m.spec.unheld)
-		}
-		return m.wrap(ErrNotHeld)
-	}
-	want := h.count - 1
+	h := m.holdLocked(gid)
 	var news []notice
-	if h.lostErr == nil && !time.Now().Before(h.valid) {
+	if h != nil && !h.ending && h.lostErr == nil && !time.Now().Before(h.valid) {
 		// Past its validity deadline the hold may be gone on the server: it
 		// is lost, whether or not the watchdog has looked yet.
 		news = c.loseLocked(h, errExpired)
+		h = m.holdLocked(gid) // it may have joined an earlier lost hold
 	}
-	if lost := h.lostErr; lost != nil {
-		h.count = want
-		if want == 0 {
-			m.dropHoldLocked(h)
+	if h == nil || h.ending {
+		// (ending: a NonReentrant mutex whose final release another
+		// goroutine is already sending.)
+		msg := m.unheldLocked()
+		c.mu.Unlock()
+		if plain {
+			panic(msg)
 		}
+		return m.wrapOp("unlock", ErrNotHeld)
+	}
+	if h.lostErr != nil {
 		c.mu.Unlock()
 		c.announce(news)
-		if want == 0 {
-			// The lock may still be ours on the server (lost by the local
-			// deadline during a partition): free it for the others.
-			if err := rollback(ctx, c.be, &m.spec, h.owner); err != nil {
-				m.leftOver(h)
-			}
-		}
-		return m.wrap(lost)
+		return m.unlockEnded(ctx, h)
 	}
+	want := h.count - 1
 	h.ending = want == 0
 	valid := h.valid
 	c.mu.Unlock()
@@ -57,30 +50,80 @@ func (m *DistMutex) unlock(ctx context.Context, plain bool) error {
 	return m.settle(h, want, res, sent, err, plain)
 }
 
-// release sends the release of h down to want, retrying transient errors
-// while the hold can be valid, for at most unlockTimeout.
-func (m *DistMutex) release(ctx context.Context, h *hold, want int, valid time.Time) (int64, time.Time, error) {
-	sent := time.Now()
-	res, err := m.c.be.release(ctx, &m.spec, h.owner, want, m.spec.keepArg)
-	if err == nil || !transient(err) {
-		return res, sent, err
+// unlockEnded takes one of the Unlocks a lost hold is owed, reporting
+// ErrLockLost. With the last, if the lock's field may still be on the
+// server (lost by the local deadline during a partition), it is released
+// for the others.
+func (m *DistMutex) unlockEnded(ctx context.Context, h *hold) error {
+	c := m.c
+	c.mu.Lock()
+	h.count--
+	lost, clear := h.lostErr, false
+	if h.count <= 0 {
+		m.dropHoldLocked(h)
+		clear = c.stateLocked(m).takeLeftoverLocked(h.owner)
 	}
-	ctx, cancel := context.WithDeadline(ctx, earliest(valid, sent.Add(unlockTimeout)))
+	c.mu.Unlock()
+	if clear {
+		if err := rollback(ctx, c.be, &m.spec, h.owner); err != nil {
+			m.leftOver(h)
+		}
+	}
+	return m.wrapOp("unlock", lost)
+}
+
+// unheldLocked is the panic of an Unlock by a goroutine (NonReentrant: of a
+// mutex) that holds nothing, saying what it can.
+func (m *DistMutex) unheldLocked() string {
+	msg := fmt.Sprintf("%s %q", m.spec.unheld, m.spec.name)
+	if !m.reentrant {
+		return msg
+	}
+	msg += ": this goroutine holds nothing"
+	if st := m.c.locks[m.spec.hash()]; st != nil {
+		for _, h := range st.holds {
+			if h.lostErr == nil {
+				msg += " (another goroutine of this Client holds it)"
+				break
+			}
+		}
+	}
+	return msg + "; a hold belongs to the goroutine that took it (NonReentrant lets any goroutine unlock)"
+}
+
+// release sends the release of h down to want, retrying transient errors
+// while the hold can be valid. Whatever Redis does, it returns within
+// unlockTimeout (or when ctx ends): a call still out then is one whose reply
+// was lost, and the hold is dropped as after a failed release.
+func (m *DistMutex) release(ctx context.Context, h *hold, want int, valid time.Time) (int64, time.Time, error) {
+	start := time.Now()
+	bctx, cancel := context.WithDeadline(ctx, start.Add(unlockTimeout))
 	defer cancel()
+	retryUntil := earliest(valid, start.Add(unlockTimeout))
 	var bo backoff
-	for err != nil && transient(err) {
-		m.c.log.Warn("remutex: retrying after transient error", "lock", m.spec.name, "op", "release", "err", err)
-		t := time.NewTimer(bo.next())
+	for {
+		sent := time.Now()
+		res, err := m.c.be.release(bctx, &m.spec, h.owner, want, m.spec.keepArg)
+		switch {
+		case err == nil || !transient(err) && bctx.Err() == nil:
+			return res, sent, err
+		case ctx.Err() != nil:
+			return 0, sent, ctxErr(ctx, err)
+		case bctx.Err() != nil:
+			return 0, sent, fmt.Errorf("no answer within %v (%w): %w", unlockTimeout, context.DeadlineExceeded, err)
+		}
+		wait := bo.next()
+		if !time.Now().Add(wait).Before(retryUntil) {
+			return 0, sent, err
+		}
+		m.warnRetry("unlock", err)
+		t := time.NewTimer(wait)
 		select {
 		case <-t.C:
-		case <-ctx.Done():
+		case <-bctx.Done():
 			t.Stop()
-			return 0, sent, m.ctxErr(ctx, err)
 		}
-		sent = time.Now()
-		res, err = m.c.be.release(ctx, &m.spec, h.owner, want, m.spec.keepArg)
 	}
-	return res, sent, err
 }
 
 // settle records the outcome of the release of h down to want.
@@ -93,6 +136,8 @@ func (m *DistMutex) release(ctx context.Context, h *hold, want int, valid time.T
 func (m *DistMutex) settle(h *hold, want int, res int64, sent time.Time, err error, plain bool) error {
 	c := m.c
 	c.mu.Lock()
+	h.count = want
+	h.ending = false
 	var news []notice
 	switch {
 	case err != nil:
@@ -103,14 +148,16 @@ func (m *DistMutex) settle(h *hold, want int, res int64, sent time.Time, err err
 	case want > 0 && m.renew:
 		h.extendLocked(sent)
 	}
-	if want == 0 && h.lostErr == nil && c.hook != nil {
+	if want == 0 && h.lostErr == nil {
 		// Not lost (before or by this call): the hold ends here, released or
 		// dropped after a failed release.
-		news = append(news, notice{ev: h.event(EventReleased, time.Since(h.acquired), err)})
+		n := notice{ctxs: h.takeContextsLocked(), cause: ErrReleased}
+		if c.hook != nil {
+			n.ev = h.event(EventReleased, time.Since(h.acquired), err)
+		}
+		news = append(news, n)
 	}
 	lost := h.lostErr
-	h.count = want
-	h.ending = false
 	if want == 0 {
 		m.dropHoldLocked(h)
 		if err != nil {
@@ -118,12 +165,18 @@ func (m *DistMutex) settle(h *hold, want int, res int64, sent time.Time, err err
 		}
 	}
 	c.mu.Unlock()
+	if want == 0 && err != nil && !m.c.be.freshOwners() {
+		// The release may not have reached Redis (cut off, or failed): a
+		// release that follows it (see postCtx) frees the lock once Redis
+		// answers again, before it ends by its lease.
+		postRelease(context.Background(), c.be, &m.spec, h.owner)
+	}
 	c.announce(news)
 	switch {
 	case err != nil:
-		return m.wrap(err)
+		return m.wrapOp("unlock", err)
 	case lost != nil && !plain:
-		return m.wrap(lost)
+		return m.wrapOp("unlock", lost)
 	}
 	return nil
 }

@@ -84,17 +84,21 @@ func (a *attempt) run(ctx context.Context) (bool, error) {
 				return held, err
 			}
 			// Granted too late to be valid, and released again: once more.
+		case err != nil && cutOff(ctx, err):
+			if a.try {
+				return false, ctxErr(ctx, errNoReply)
+			}
+			// Redis may have applied the call whose reply never came.
+			a.lastErr = errNoReply
+			return a.giveUpAtOnce(ctx, ctx.Err())
 		case a.try && err != nil:
-			return false, m.wrap(err)
+			return false, err
 		case a.try:
 			return false, nil
 		case err == nil || transient(err):
 			return a.wait(ctx, r, err)
-		case ctx.Err() != nil:
-			// Redis may have applied the call whose reply never came.
-			return a.giveUpAtOnce(ctx, err)
 		default:
-			return false, m.wrap(err)
+			return false, err
 		}
 	}
 }
@@ -185,12 +189,15 @@ func (a *attempt) complete(ctx context.Context, fence int64, sent time.Time, d t
 	h.next = sent.Add(d / 3) // from the send time, like valid: a slow reply leaves time to renew
 	now := time.Now()
 	c.mu.Lock()
-	if c.closed || !now.Before(h.valid) {
-		closed := c.closed
+	if c.draining || !now.Before(h.valid) {
+		// Closed meanwhile, or granted too late to be valid: given back by a
+		// call that follows this one (see postCtx), before any next call of
+		// the attempt's owner.
+		closed := c.draining
 		c.mu.Unlock()
-		rollback(ctx, c.be, &m.spec, a.owner)
+		postRelease(ctx, c.be, &m.spec, a.owner)
 		if closed {
-			return false, m.wrap(ErrClosed)
+			return false, ErrClosed
 		}
 		return false, nil
 	}
@@ -229,6 +236,11 @@ func (a *attempt) wait(ctx context.Context, r reply, err error) (_ bool, failed 
 	}
 	for {
 		switch {
+		case err != nil && cutOff(ctx, err):
+			if a.lastErr == nil {
+				a.lastErr = errNoReply
+			}
+			return a.giveUp(ctx, ctx.Err())
 		case err != nil && !transient(err):
 			return a.giveUp(ctx, err)
 		case err == nil && r.code == replyGranted:
@@ -290,8 +302,8 @@ func (a *attempt) note(r reply, err error) {
 	m := a.m
 	if err != nil {
 		a.lastErr = err
-		m.c.report(m.wrap(err))
-		m.c.log.Warn("remutex: retrying after transient error", "lock", m.spec.name, "op", "wait", "err", err)
+		m.c.report(m.wrapOp(lockOp(a.try), err))
+		m.warnRetry(lockOp(a.try), err)
 		return
 	}
 	a.lastErr, a.bo = nil, backoff{}
@@ -319,7 +331,7 @@ func (a *attempt) sleep(ctx context.Context) (granted bool, fence int64, err err
 	select {
 	case <-ctx.Done():
 		return false, 0, ctx.Err()
-	case <-c.closing:
+	case <-c.stopping:
 		return false, 0, ErrClosed
 	default:
 	}
@@ -340,7 +352,7 @@ func (a *attempt) sleep(ctx context.Context) (granted bool, fence int64, err err
 		c.mu.Unlock()
 	case <-ctx.Done():
 		return false, 0, ctx.Err()
-	case <-c.closing:
+	case <-c.stopping:
 		return false, 0, ErrClosed
 	}
 	if !a.timer.Stop() {
@@ -382,7 +394,7 @@ func (a *attempt) holdOff(ctx context.Context) error {
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
-	case <-a.m.c.closing:
+	case <-a.m.c.stopping:
 		return ErrClosed
 	}
 }
@@ -399,23 +411,18 @@ func (a *attempt) claim(ctx context.Context, fence int64) (bool, error) {
 	return a.complete(ctx, fence, a.refreshed, a.m.spec.claim)
 }
 
-// giveUp ends a wait that will not hold the lock, leaving nothing behind: the
-// queue entry is removed in Redis, together with a grant it may have
-// received meanwhile.
+// giveUp ends a wait that will not hold the lock, leaving nothing behind:
+// the queue entry is removed in Redis, together with a grant it may have
+// received meanwhile, by a leave call posted behind the attempt's last call
+// (see postCtx): it is not waited for. Should it not reach Redis, the entry
+// dies by its liveness deadline and a grant by its claim lease.
 func (a *attempt) giveUp(ctx context.Context, cause error) (bool, error) {
 	m := a.m
-	c := m.c
-	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), max(m.spec.ttl, time.Second))
-	err := c.be.leave(lctx, &m.spec, a.owner, a.entry())
-	cancel()
-	if err != nil {
-		// The entry dies by its liveness deadline, a grant by its claim lease.
-		c.log.Warn("remutex: leaving the queue failed", "lock", m.spec.name, "err", err)
-	}
+	_ = m.c.be.leave(postCtx(ctx, max(m.spec.lease, time.Second)), &m.spec, a.owner, a.entry())
 	if ctx.Err() != nil && cause == ctx.Err() {
-		return false, m.ctxErr(ctx, a.lastErr)
+		return false, ctxErr(ctx, a.lastErr)
 	}
-	return false, m.wrap(cause)
+	return false, cause
 }
 
 func isClosed(ch <-chan struct{}) bool {

@@ -59,6 +59,15 @@ func renewWindow(h *hold) time.Duration { return h.m.spec.lease / 6 }
 
 func (w *watchdog) removeLocked(h *hold) {
 	delete(w.holds, h)
+	w.drainedLocked()
+}
+
+// drainedLocked tells Shutdown that no live hold is left, once none is.
+func (w *watchdog) drainedLocked() {
+	c := w.c
+	if c.draining && len(w.holds) == 0 && !isClosed(c.drained) {
+		close(c.drained)
+	}
 }
 
 // loseAllLocked marks every tracked hold lost (Close) and returns the notices.

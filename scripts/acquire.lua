@@ -66,6 +66,7 @@ local now = now_us()
 -- The hash's TTL answers both questions left: is the lock free (-2), and
 -- how long may the caller have to wait.
 local pttl = redis.call('pttl', hash)
+if pttl == -1 then return no_expiry(hash) end
 if pttl == -2 then
   -- Free, with waiters queued.
   local bad = prune(now, true)

@@ -89,10 +89,12 @@ local function starving(arrived, now)
   return arrived and starve >= 0 and now - arrived >= starve
 end
 
-local function pttl_of(key)
-  local t = redis.call('pttl', key)
-  if t < 0 then t = 0 end
-  return t
+-- The error reply for a lock hash with no expiry (PTTL -1): remutex never
+-- leaves one, so something else wrote it, and it would not end by itself.
+-- It names the key (with its length: both may hold spaces) and an owner.
+local function no_expiry(key)
+  local owner = redis.call('hkeys', key)[1] or ''
+  return redis.error_reply('NOEXPIRY remutex ' .. #key .. ' ' .. key .. ' ' .. owner)
 end
 
 -- Passes a free lock on to the queue's live head, which has waited longest:

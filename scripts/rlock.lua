@@ -87,7 +87,10 @@ if redis.call('exists', KEYS[1]) == 0 then
   local head = queue_head()
   if not head or head == entry then return take() end
 end
-if not entry then return {0, rw_pttl(now)} end
+local wait
+wait, bad = rw_pttl(now)
+if bad then return bad end
+if not entry then return {0, wait} end
 bad = enqueue(entry, now, tonumber(ttl))
 if bad then return bad end
-return {2, rw_pttl(now)}
+return {2, wait}

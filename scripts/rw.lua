@@ -132,11 +132,15 @@ end
 -- How long until what the caller waits for may change by itself, for a
 -- waiter's timer: the writer's remaining lease, else the latest reader's,
 -- else (nobody holds; a quorum's waiter waits behind an entry whose waiter
--- may have gone) the head entry's liveness.
+-- may have gone) the head entry's liveness. A key with less than a
+-- millisecond left (PTTL 0) is still there: the waiter looks again in 1ms,
+-- not at the head's liveness. Returns nil and an error reply for a writer
+-- hash without expiry.
 local function rw_pttl(now)
-  local t = pttl_of(W)
-  if t == 0 then t = pttl_of(R) end
-  if t > 0 then return t end
+  local t = redis.call('pttl', W)
+  if t == -1 then return nil, no_expiry(W) end
+  if t < 0 then t = redis.call('pttl', R) end
+  if t >= 0 then return math.max(t, 1) end
   local head = queue_head()
   local d = head and tonumber(redis.call('zscore', alive, head))
   if d then return math.max(d - now_ms(now), 1) end

@@ -65,7 +65,10 @@ end
 -- Whoever waits for what is over now gets it (readers at the head while
 -- no writer holds, the head writer of a free lock); the caller queues.
 grant_rw(now)
-if not entry then return {0, rw_pttl(now)} end
+local wait
+wait, bad = rw_pttl(now)
+if bad then return bad end
+if not entry then return {0, wait} end
 bad = enqueue(entry, now, tonumber(ttl))
 if bad then return bad end
-return {2, rw_pttl(now)}
+return {2, wait}

@@ -1,0 +1,175 @@
+package remutex
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/remutex/remutex/internal/redistest"
+)
+
+// Tests under a least-privilege ACL user, as managed Redis services give
+// applications: every primitive works with the ACL docs/deployments.md
+// names, and Client.Check names what a narrower one lacks.
+
+// lockUserACL is the ACL of docs/deployments.md for the default prefix.
+var lockUserACL = []string{"on", ">pw", "resetkeys", "~remutex:*", "resetchannels", "&remutex:*",
+	"-@all", "+@read", "+@write", "+@scripting", "+@pubsub", "+@connection", "-@dangerous", "+time"}
+
+// aclServer starts a redis-server with an ACL user "locker" set up with
+// rules, and returns a go-redis client logged in as that user.
+func aclServer(t *testing.T, rules ...string) (*redistest.Server, *redis.Client) {
+	t.Helper()
+	srv := redistest.Start(t)
+	args := append([]interface{}{"acl", "setuser", "locker"}, toArgs(rules)...)
+	if err := rdbAt(t, srv.Addr()).Do(context.Background(), args...).Err(); err != nil {
+		t.Fatalf("ACL SETUSER: %v", err)
+	}
+	return srv, newRDB(t, &redis.Options{Addr: srv.Addr(), Username: "locker", Password: "pw"})
+}
+
+func toArgs(ss []string) []interface{} {
+	out := make([]interface{}, len(ss))
+	for i, s := range ss {
+		out[i] = s
+	}
+	return out
+}
+
+// TestLeastPrivilegeACL runs every primitive as a user with the documented
+// ACL: uncontended and contended locks (the queue, the hand-off and its
+// message), fencing (the counter's seed reads the server clock), nested
+// locks, TryLock, the read/write lock on both sides, Inspect, ForceUnlock
+// and Check.
+func TestLeastPrivilegeACL(t *testing.T) {
+	srv, rdb := aclServer(t, lockUserACL...)
+	ctx := testCtx(t, hangGuard)
+	a, errs := clientWithErrors(t, rdb)
+	b := clientOn(t, newRDB(t, &redis.Options{Addr: srv.Addr(), Username: "locker", Password: "pw"}))
+	if err := a.Check(ctx); err != nil {
+		t.Fatalf("Check as the documented lock user: %v", err)
+	}
+	name := lockName(t)
+	ma, mb := a.NewMutex(name, WithFencing()), b.NewMutex(name, WithFencing())
+	if err := ma.LockContext(ctx); err != nil {
+		t.Fatalf("LockContext: %v", err)
+	}
+	if err := ma.LockContext(ctx); err != nil { // nested
+		t.Fatalf("nested LockContext: %v", err)
+	}
+	if mb.TryLock() {
+		t.Errorf("TryLock of a held lock: got true")
+	}
+	waited := make(chan error, 1)
+	go func() {
+		err := mb.LockContext(ctx)
+		if err == nil {
+			err = mb.UnlockContext(ctx)
+		}
+		waited <- err
+	}()
+	waitFor(t, "b to queue", func() bool {
+		info, err := a.Inspect(ctx, name)
+		return err == nil && len(info.Waiters) == 1
+	})
+	for range 2 {
+		if err := ma.UnlockContext(ctx); err != nil {
+			t.Fatalf("UnlockContext: %v", err)
+		}
+	}
+	if err := await(t, waited, "the waiter"); err != nil {
+		t.Errorf("contended LockContext and UnlockContext as the lock user: %v", err)
+	}
+
+	rwa, rwb := a.NewRWMutex(name, WithFencing()), b.NewRWMutex(name, WithFencing())
+	if err := rwa.RLockContext(ctx); err != nil {
+		t.Fatalf("RLockContext: %v", err)
+	}
+	wrote := make(chan error, 1)
+	go func() {
+		err := rwb.LockContext(ctx)
+		if err == nil {
+			err = rwb.UnlockContext(ctx)
+		}
+		wrote <- err
+	}()
+	waitFor(t, "the writer to queue", func() bool { return waitersOf(b, &rwb.w) == 1 })
+	if err := rwa.RUnlockContext(ctx); err != nil {
+		t.Fatalf("RUnlockContext: %v", err)
+	}
+	if err := await(t, wrote, "the writer"); err != nil {
+		t.Errorf("the read/write lock's writer as the lock user: %v", err)
+	}
+
+	if err := ma.LockContext(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if released, err := b.ForceUnlock(ctx, name); !released || err != nil {
+		t.Errorf("ForceUnlock as the lock user: got (%v, %v), want (true, nil)", released, err)
+	}
+	_ = ma.UnlockContext(ctx)
+	for _, err := range errs.all() {
+		if !errors.Is(err, ErrLockLost) { // the forced release, found by the watchdog or Unlock
+			t.Errorf("the lock user's Client reported %v", err)
+		}
+	}
+}
+
+// TestCheckNamesWhatIsMissing: Check, run as users that lack one thing of
+// the documented ACL, names the command, key or channel they may not use.
+func TestCheckNamesWhatIsMissing(t *testing.T) {
+	for _, tc := range []struct {
+		name, without, replace, want string
+	}{
+		{"no TIME", "+time", "", "may not run time"},
+		{"other keys", "~remutex:*", "~other:*", "may not use keys under the key prefix"},
+		{"no PUBLISH channel", "&remutex:*", "&other:*", "SUBSCRIBE"},
+		{"no scripting", "+@scripting", "", "evalsha"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var rules []string
+			for _, r := range lockUserACL {
+				switch {
+				case r != tc.without:
+					rules = append(rules, r)
+				case tc.replace != "":
+					rules = append(rules, tc.replace)
+				}
+			}
+			_, rdb := aclServer(t, rules...)
+			err := clientOn(t, rdb).Check(testCtx(t, hangGuard))
+			if err == nil || !strings.Contains(strings.ToLower(err.Error()), strings.ToLower(tc.want)) {
+				t.Errorf("Check without %s: got %v, want an error naming %q", tc.without, err, tc.want)
+			}
+		})
+	}
+}
+
+// TestCheck: Check passes on a plain server, reports an address where
+// nothing listens, and a maxmemory-policy that may evict lock keys.
+func TestCheck(t *testing.T) {
+	ctx := testCtx(t, hangGuard)
+	srv := redistest.Start(t)
+	if err := clientOn(t, rdbAt(t, srv.Addr())).Check(ctx); err != nil {
+		t.Errorf("Check of a plain server: %v", err)
+	}
+	if err := rdbAt(t, srv.Addr()).ConfigSet(ctx, "maxmemory-policy", "allkeys-lru").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := clientOn(t, rdbAt(t, srv.Addr())).Check(ctx); !errors.Is(err, ErrEvictionPolicy) || !strings.Contains(err.Error(), "allkeys-lru") {
+		t.Errorf("Check with maxmemory-policy allkeys-lru: got %v, want ErrEvictionPolicy naming it", err)
+	}
+	port, err := redistest.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	down := clientOn(t, newRDB(t, &redis.Options{Addr: "127.0.0.1:" + strconv.Itoa(port), MaxRetries: -1, DialTimeout: time.Second}))
+	if err := down.Check(ctx); err == nil || !transient(errors.Unwrap(err)) && !strings.Contains(err.Error(), "refused") {
+		t.Errorf("Check of an address where nothing listens: got %v, want the connection error", err)
+	}
+}

@@ -1,0 +1,82 @@
+package remutex
+
+import (
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+
+	"github.com/remutex/remutex/internal/redistest"
+)
+
+// Tests of a DistRWMutex waiter that queues in the holder's last
+// millisecond: it must wake when the holder's lease ends, not at its next
+// queue refresh (a third of the entry's liveness, 250ms).
+
+// TestRWWaitReplyAtLeaseEnd calls wlock.lua and rlock.lua for a waiter
+// while the writer's key has under a millisecond left (PTTL 0, on
+// miniredis, whose clock the test moves): the wait they answer is at most
+// 1ms, not the queue head's liveness.
+func TestRWWaitReplyAtLeaseEnd(t *testing.T) {
+	mr := miniredis.RunT(t)
+	name := lockName(t)
+	holder := clientOn(t, rdbAt(t, mr.Addr())).NewRWMutex(name, WithLease(100*time.Millisecond), WithoutRenewal())
+	holder.Lock()
+	mr.FastForward(99*time.Millisecond + 600*time.Microsecond)
+	c := clientOn(t, rdbAt(t, mr.Addr()))
+	rw := c.NewRWMutex(name)
+	ctx := testCtx(t, hangGuard)
+	for i, side := range []*DistMutex{&rw.w, &rw.r} {
+		r, err := c.be.acquire(ctx, &side.spec, acquireReq{owner: c.id + ":1", want: 1, lease: side.spec.leaseArg, waitID: uint64(10 + i)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.code != replyQueued || r.val > 1 {
+			t.Errorf("%s waiter behind a writer with PTTL 0: got reply %d, wait %dms; want queued (%d), wait at most 1ms", []string{"write", "read"}[i], r.code, r.val, replyQueued)
+		}
+	}
+	_ = holder.UnlockContext(ctx)
+}
+
+// TestRWWakeAtLeaseEnd runs many rounds on a real server in which a
+// writer's fixed 50ms lease runs out while a writer (then a reader) queues
+// near its end: the waiter must hold the lock soon after the lease ended.
+// A round counts as late past 150ms; the fault made about one round in
+// eight some 250ms late, so a few late rounds (a loaded machine) pass and
+// many fail.
+func TestRWWakeAtLeaseEnd(t *testing.T) {
+	srv := redistest.Shared(t)
+	name := lockName(t)
+	const lease, rounds, lateAfter, tolerated = 50 * time.Millisecond, 40, 150 * time.Millisecond, 3
+	holder := clientOn(t, rdbAt(t, srv.Addr())).NewRWMutex(name, WithLease(lease), WithoutRenewal())
+	waiter := clientOn(t, rdbAt(t, srv.Addr())).NewRWMutex(name)
+	for _, read := range []bool{false, true} {
+		late := 0
+		for i := range rounds {
+			start := time.Now()
+			if !holder.TryLock() {
+				t.Fatalf("round %d: the holder's TryLock: got false", i)
+			}
+			// Queue in the lease's last milliseconds, spread over them.
+			time.Sleep(time.Until(start.Add(lease - time.Duration(i%4)*time.Millisecond)))
+			ctx := testCtx(t, hangGuard)
+			lock, unlock := waiter.LockContext, waiter.UnlockContext
+			if read {
+				lock, unlock = waiter.RLockContext, waiter.RUnlockContext
+			}
+			if err := lock(ctx); err != nil {
+				t.Fatalf("round %d: waiter: %v", i, err)
+			}
+			if over := time.Since(start) - lease; over > lateAfter {
+				late++
+				t.Logf("round %d: held %v after the holder's lease ended", i, over.Round(time.Millisecond))
+			}
+			if err := unlock(ctx); err != nil {
+				t.Fatalf("round %d: waiter's unlock: %v", i, err)
+			}
+		}
+		if late > tolerated {
+			t.Errorf("reader %v: %d of %d waiters woke over %v after the holder's lease ended, want at most %d", read, late, rounds, lateAfter, tolerated)
+		}
+	}
+}

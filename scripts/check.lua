@@ -1,0 +1,42 @@
+-- check: runs each command the lock scripts run, once, on keys of the
+-- Client's prefix that no lock uses, and removes them again (they expire
+-- within a minute should DEL be refused). Client.Check calls it to name the
+-- commands, keys or channels an ACL user may not use.
+--
+-- KEYS = a hash, a sorted set and a string under the prefix, one slot.
+-- ARGV = the publish command ('publish' or 'spublish') and a channel under
+-- the prefix. Returns, for each refused command, "<command>: <error>".
+local h, z, s = KEYS[1], KEYS[2], KEYS[3]
+local refused = {}
+local function try(cmd, ...)
+  local r = redis.pcall(cmd, ...)
+  if type(r) == 'table' and r.err then
+    refused[#refused + 1] = cmd .. ': ' .. r.err
+  end
+  return r
+end
+try('time')
+try('exists', h, z, s)
+try('hset', h, 'owner', '1')
+try('pexpire', h, '60000')
+try('hget', h, 'owner')
+try('hexists', h, 'owner')
+try('hgetall', h)
+try('hkeys', h)
+try('pttl', h)
+try('type', h)
+try('hdel', h, 'owner')
+try('zadd', z, '1', 'entry')
+try('pexpire', z, '60000')
+try('zscore', z, 'entry')
+try('zrange', z, '0', '-1', 'withscores')
+try('zrangebyscore', z, '-inf', '+inf')
+try('zcard', z)
+try('zremrangebyscore', z, '-inf', '0')
+try('zrem', z, 'entry')
+try('set', s, '1', 'px', '60000')
+try('get', s)
+try('incr', s)
+try(ARGV[1], ARGV[2], 'check')
+try('del', h, z, s)
+return refused
