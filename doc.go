@@ -73,8 +73,10 @@
 // with a lease (PEXPIRE), the fence counter P{N}:fence, and the queue
 // P{N}:queue (entry → arrival) with P{N}:queue:alive (entry → liveness
 // deadline); its Client hears of it on P{N}:released:<client id> (SPUBLISH
-// on a Redis 7 cluster). All share one cluster slot. Four scripts change
-// them (scripts/*.lua, embedded): acquire, release, leave and renew. Their
+// on a Redis 7 cluster). All share one cluster slot. Only the scripts of
+// scripts/*.lua (embedded) change them: for a DistMutex acquire.lua (take,
+// raise or queue), release.lua, leave.lua (a waiter that gives up) and the
+// watchdog's renew.lua, with quick_lock.lua and quick_unlock.lua below. Their
 // uncontended paths come first and touch only what they need: acquire is
 // EXISTS + HSET + PEXPIRE (+ INCR with fencing), release is HDEL + EXISTS.
 //
@@ -127,13 +129,36 @@
 // it when it unlocks the write: that is the downgrade, atomic in wunlock.
 // The watchdog renews read holds in the same batched calls as the others.
 //
+// # Deadlines, losses and shutdown
+//
+// Every context form returns at its context's end, and TryLock within
+// TryLockTimeout, whatever the redis client's options (ContextTimeoutEnabled
+// or not, retries) and whatever Redis does: a call with a context that can
+// end is sent by a goroutine of the Client, the caller stops waiting for it
+// at the context's end, and what the call may have done (queued the caller,
+// granted it the lock) is undone by a call that follows it to Redis in the
+// background.
+//
+// A hold that is lost ends for its goroutine: HoldCount is 0, the next Lock
+// takes the lock anew, and the lost hold's Unlocks (owed after those of any
+// hold taken since: a goroutine's Unlocks pair with its Locks last in, first
+// out) report ErrLockLost. Lost answers for the calling goroutine; a hold's
+// context (HoldContext, Do) may be handed to any goroutine.
+//
+// Client.Close loses the holds still held and ends every wait: the context
+// forms return ErrClosed, and Lock, which cannot return without the lock,
+// blocks for good. Client.Shutdown first lets the holds finish. Client.Check
+// checks the connection, the scripts, an ACL user's permissions and the
+// server's eviction policy up front.
+//
 // # Operations
 //
-// Client.Inspect reads a lock as an operator needs it (holders with the host
-// and pid of their process, remaining lease, fence, waiters, listening
-// Clients), and Client.ForceUnlock releases a frozen holder's lock through
-// the release script, so that its waiters are woken as after an Unlock. The
-// remutex command (cmd/remutex) uses them for its status and unlock --force.
+// Client.Inspect reads a lock of any kind as an operator needs it (holders
+// with the host and pid of their process, their mode and remaining lease,
+// fence, waiters, listening Clients), and Client.ForceUnlock releases a
+// frozen holder's hold through the script of its own unlock, so that its
+// waiters are woken as after an Unlock. The remutex command (cmd/remutex)
+// uses them for its status and unlock --force.
 //
 // # Example
 //

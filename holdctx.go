@@ -70,3 +70,36 @@ func (m *DistMutex) Do(ctx context.Context, f func(ctx context.Context) error) (
 	}()
 	return f(hctx)
 }
+
+// HoldContext returns a context derived from parent that ends when the
+// calling goroutine's hold of rw ends (its write hold if it has one, else
+// its read hold), as DistMutex.HoldContext does.
+func (rw *DistRWMutex) HoldContext(parent context.Context) context.Context {
+	ctx, cancel := context.WithCancelCause(parent)
+	rw.attach(cancel)
+	return ctx
+}
+
+func (rw *DistRWMutex) attach(cancel context.CancelCauseFunc) {
+	c := rw.w.client()
+	c.mu.Lock()
+	h := rw.holdLocked()
+	if h != nil {
+		h.ctxs = append(h.ctxs, cancel)
+	}
+	c.mu.Unlock()
+	if h == nil {
+		cancel(rw.w.wrapOp("lock", ErrNotHeld))
+	}
+}
+
+// Do runs f under rw's write lock, as DistMutex.Do does.
+func (rw *DistRWMutex) Do(ctx context.Context, f func(ctx context.Context) error) error {
+	return rw.w.Do(ctx, f)
+}
+
+// RDo runs f under rw's read lock, as DistMutex.Do does under a mutex: the
+// context f gets ends when the read hold is lost.
+func (rw *DistRWMutex) RDo(ctx context.Context, f func(ctx context.Context) error) error {
+	return rw.r.Do(ctx, f)
+}

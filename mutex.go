@@ -70,10 +70,13 @@ func WithLease(d time.Duration) MutexOption {
 	return func(m *mutexConfig) { m.lease = d }
 }
 
-// WithoutRenewal makes the lease fixed: the watchdog does not renew it, and the
-// hold simply ends when the lease runs out (as with SET NX PX), after which Lost
-// closes and Unlock reports ErrLockLost. Nested locks do not extend it.
-// Default: holds are renewed every lease/3 until unlocked.
+// WithoutRenewal makes the lease fixed: the watchdog does not renew it, and
+// when the lease runs out (as with SET NX PX) the hold ends for its
+// goroutine: Lost closes, HoldCount is 0, the next Lock or TryLock takes the
+// lock anew, and the ended hold's Unlock reports ErrLockLost. "Hold for a
+// fixed time" is this option and a TryLock per tick, without Unlock. Nested
+// locks do not extend it. Default: holds are renewed every lease/3 until
+// unlocked.
 func WithoutRenewal() MutexOption {
 	return func(m *mutexConfig) { m.noRenew = true }
 }
@@ -310,7 +313,10 @@ func (m *DistMutex) HoldCount() int {
 // Lost returns a channel that is closed when the calling goroutine's hold of m
 // is lost (lease expired, key deleted, Redis lost it, Client closed). It is
 // already closed if the goroutine holds nothing; a hold that is unlocked
-// normally never closes it.
+// normally never closes it. It answers for the calling goroutine: a goroutine
+// that the holder starts holds nothing, and its Lost is closed at once. Take
+// the channel before starting it, or hand it the hold's context
+// (HoldContext, Do).
 func (m *DistMutex) Lost() <-chan struct{} {
 	c := m.client()
 	c.mu.Lock()

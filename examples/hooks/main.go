@@ -250,6 +250,26 @@ func run(ctx context.Context, w io.Writer, addr string, m *metrics) error {
 		return err
 	}
 	fmt.Fprintf(out, "-- expvar (/debug/vars) \"remutex\": %s\n", m.vars.String())
+	return verdict(out, m)
+}
+
+// verdict checks that the counters add up, as a hook's user relies on:
+// every hold ended released or lost, every wait ended, and one hold was lost.
+func verdict(out io.Writer, m *metrics) error {
+	n := func(name string) int64 {
+		if v, ok := m.vars.Get(name).(*expvar.Int); ok {
+			return v.Value()
+		}
+		return 0
+	}
+	acquired, ended, lost := n("acquired"), n("released")+n("lost"), n("lost")
+	if acquired != ended || n("waiting") != n("waited") || lost != 1 {
+		fmt.Fprintf(out, "verdict: FAIL: %d acquired, %d released or lost (%d lost), %d waits begun, %d ended\n",
+			acquired, ended, lost, n("waiting"), n("waited"))
+		return errors.New("the events do not add up")
+	}
+	fmt.Fprintf(out, "verdict: ok: each of the %d holds ended released or lost (%d lost), each of the %d waits ended\n",
+		acquired, lost, n("waited"))
 	return nil
 }
 
