@@ -280,11 +280,14 @@ func (m *DistMutex) TryLockContext(ctx context.Context) (bool, error) {
 // Unlock unlocks m: it lowers the calling goroutine's hold count, and the
 // final Unlock releases the lock and passes it on to the longest waiter.
 // Unlock of a mutex the goroutine (NonReentrant: anyone) does not hold panics
-// with "remutex: unlock of unlocked mutex". Unlock of a lost hold does not
-// panic: it reports ErrLockLost to the error handler. Transient errors are
-// retried for at most a second (and never past the hold's validity), then
-// reported to the error handler; the hold is dropped locally either way, so
-// a lock that could not be released expires within its lease.
+// with "remutex: unlock of unlocked mutex" (the message says more). Unlock of
+// a hold that was lost does not panic: it reports ErrLockLost to the error
+// handler. Its release is sent as Lock's calls are (with the redis client's
+// own timeouts: UnlockContext bounds it by a context); transient errors are
+// then retried for at most a second (and never past the hold's validity),
+// and reported to the error handler. The hold is dropped locally either way;
+// a release that did not get through is sent again in the background, and
+// the lock expires within its lease if it never does.
 func (m *DistMutex) Unlock() {
 	if err := m.unlock(context.Background(), true); err != nil {
 		m.c.report(err)
@@ -292,10 +295,12 @@ func (m *DistMutex) Unlock() {
 }
 
 // UnlockContext unlocks m like Unlock, returning ErrNotHeld if the caller
-// holds nothing and ErrLockLost if the hold ended before this call. Other
-// errors are returned when ctx ends, a second of retries passed, or the
-// hold's validity ran out first; the hold is then dropped locally (renewal
-// stops) and the lock expires on the server within its lease.
+// holds nothing and ErrLockLost if the hold ended before this call. It
+// returns at ctx's end, whatever Redis does; other errors are returned when
+// a second of retries passed or the hold's validity ran out first. The hold
+// is then dropped locally (renewal stops), its release is sent again in the
+// background, and the lock expires on the server within its lease if that
+// never gets through either.
 func (m *DistMutex) UnlockContext(ctx context.Context) error {
 	return m.unlock(ctx, false)
 }
@@ -418,29 +423,36 @@ func (m *DistMutex) acquire(ctx context.Context, try bool) (bool, error) {
 			c.mu.Unlock()
 			return false, ErrUpgrade
 		}
-		var a attempt
-		m.initAttemptLocked(&a, gid, try)
-		left := c.stateLocked(m).takeLeftoverLocked(a.owner)
-		pairLeft := m.pair != nil && !a.pinned && c.stateLocked(m.pair).takeLeftoverLocked(a.owner)
-		c.attempts++ // Close waits for it to post what undoes it
-		c.mu.Unlock()
-		defer func() {
-			c.mu.Lock()
-			c.attemptDoneLocked(1)
-			c.mu.Unlock()
-		}()
-		if pairLeft {
-			m.clearPairLeftover(ctx, a.owner)
-		}
-		if left {
-			m.clearLeftover(ctx, &a)
-		}
-		held, err := a.run(ctx)
-		if try && err != nil && (cutOff(ctx, err) || transient(err) || errors.Is(err, ErrClosed)) {
-			m.undoTry(ctx, a.owner)
-		}
-		return held, err
+		return m.fresh(ctx, gid, try)
 	}
+}
+
+// fresh takes m for goroutine gid, which holds nothing of it; called with
+// c.mu held, it releases it.
+func (m *DistMutex) fresh(ctx context.Context, gid int64, try bool) (bool, error) {
+	c := m.c
+	var a attempt
+	m.initAttemptLocked(&a, gid, try)
+	left := c.stateLocked(m).takeLeftoverLocked(a.owner)
+	pairLeft := m.pair != nil && !a.pinned && c.stateLocked(m.pair).takeLeftoverLocked(a.owner)
+	c.attempts++ // Close waits for it to post what undoes it
+	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		c.attemptDoneLocked(1)
+		c.mu.Unlock()
+	}()
+	if pairLeft {
+		m.clearPairLeftover(ctx, a.owner)
+	}
+	if left {
+		m.clearLeftover(ctx, &a)
+	}
+	held, err := a.run(ctx)
+	if try && err != nil && (cutOff(ctx, err) || transient(err) || errors.Is(err, ErrClosed)) {
+		m.undoTry(ctx, a.owner)
+	}
+	return held, err
 }
 
 // undoTry posts the release of what a TryLock's call may have got when its

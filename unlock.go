@@ -2,6 +2,7 @@ package remutex
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 )
@@ -92,26 +93,26 @@ func (m *DistMutex) unheldLocked() string {
 }
 
 // release sends the release of h down to want, retrying transient errors
-// while the hold can be valid. Whatever Redis does, it returns within
-// unlockTimeout (or when ctx ends): a call still out then is one whose reply
-// was lost, and the hold is dropped as after a failed release.
+// for at most unlockTimeout while the hold can be valid. Its first call
+// runs as a Lock's does: an Unlock's (no context) on the caller's goroutine
+// when nothing else is in flight, with the redis client's own timeouts; an
+// UnlockContext's returns at its context's end. The retries end by
+// unlockTimeout whatever Redis does: a call still out then is one whose
+// reply was lost, and the hold is dropped as after a failed release.
 func (m *DistMutex) release(ctx context.Context, h *hold, want int, valid time.Time) (int64, time.Time, error) {
-	start := time.Now()
-	bctx, cancel := context.WithDeadline(ctx, start.Add(unlockTimeout))
+	sent := time.Now()
+	res, err := m.c.be.release(ctx, &m.spec, h.owner, want, m.spec.keepArg)
+	if err == nil || !transient(err) && !errors.Is(err, context.DeadlineExceeded) {
+		return res, sent, err
+	}
+	if ctx.Err() != nil {
+		return 0, sent, ctxErr(ctx, err)
+	}
+	bctx, cancel := context.WithDeadline(ctx, sent.Add(unlockTimeout))
 	defer cancel()
-	retryUntil := earliest(valid, start.Add(unlockTimeout))
+	retryUntil := earliest(valid, sent.Add(unlockTimeout))
 	var bo backoff
 	for {
-		sent := time.Now()
-		res, err := m.c.be.release(bctx, &m.spec, h.owner, want, m.spec.keepArg)
-		switch {
-		case err == nil || !transient(err) && bctx.Err() == nil:
-			return res, sent, err
-		case ctx.Err() != nil:
-			return 0, sent, ctxErr(ctx, err)
-		case bctx.Err() != nil:
-			return 0, sent, fmt.Errorf("no answer within %v (%w): %w", unlockTimeout, context.DeadlineExceeded, err)
-		}
 		wait := bo.next()
 		if !time.Now().Add(wait).Before(retryUntil) {
 			return 0, sent, err
@@ -122,6 +123,16 @@ func (m *DistMutex) release(ctx context.Context, h *hold, want int, valid time.T
 		case <-t.C:
 		case <-bctx.Done():
 			t.Stop()
+		}
+		sent = time.Now()
+		res, err = m.c.be.release(bctx, &m.spec, h.owner, want, m.spec.keepArg)
+		switch {
+		case err == nil || !transient(err) && bctx.Err() == nil:
+			return res, sent, err
+		case ctx.Err() != nil:
+			return 0, sent, ctxErr(ctx, err)
+		case bctx.Err() != nil:
+			return 0, sent, fmt.Errorf("no answer within %v (%w): %w", unlockTimeout, context.DeadlineExceeded, err)
 		}
 	}
 }
@@ -148,7 +159,7 @@ func (m *DistMutex) settle(h *hold, want int, res int64, sent time.Time, err err
 	case want > 0 && m.renew:
 		h.extendLocked(sent)
 	}
-	if want == 0 && h.lostErr == nil {
+	if want == 0 && h.lostErr == nil && (c.hook != nil || len(h.ctxs) > 0) {
 		// Not lost (before or by this call): the hold ends here, released or
 		// dropped after a failed release.
 		n := notice{ctxs: h.takeContextsLocked(), cause: ErrReleased}
