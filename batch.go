@@ -54,6 +54,8 @@ type batcher struct {
 type pending struct {
 	ctx    context.Context
 	cl     call                      // a copy, so that the caller's call may live on its stack
+	cl2    call                      // with pair: a second call, in the same round trip after cl
+	pair   bool
 	job    func(ctx context.Context) // a job instead of a call (see batcher.run)
 	posted bool                      // nobody waits for it (see postCtx)
 	until  time.Time                 // its deadline; zero for none
@@ -105,23 +107,35 @@ func isPosted(ctx context.Context) bool {
 // of the node is in flight, else in the drainer's next round. It returns
 // ctx's error if ctx ends first, errPosted at once for a posted context, and
 // ErrClosed after close.
-func (b *batcher) do(ctx context.Context, cl *call) error {
+func (b *batcher) do(ctx context.Context, cl *call) error { return b.doPair(ctx, cl, nil) }
+
+// doPair is do for cl and, if not nil, cl2 after it in the same round trip.
+func (b *batcher) doPair(ctx context.Context, cl, cl2 *call) error {
 	b.mu.Lock()
 	if !b.closed && ctx.Done() == nil && b.alone == 0 && !b.drainer && !isPosted(ctx) {
 		b.alone++
 		b.mu.Unlock()
-		b.n.send(ctx, b.n.rdb, []*call{cl}, false, false)
+		if cl2 == nil {
+			b.n.send(ctx, b.n.rdb, []*call{cl}, false, false)
+		} else {
+			b.n.send(ctx, b.n.rdb, []*call{cl, cl2}, false, true)
+		}
 		b.mu.Lock()
 		b.alone--
 		b.mu.Unlock()
 		return nil
 	}
-	p, err := b.enqueueLocked(ctx, cl, nil)
+	p, err := b.enqueueLocked(ctx, cl, cl2, nil)
 	b.mu.Unlock()
 	if err != nil {
 		return err
 	}
-	return b.wait(ctx, p, func() { cl.cmd = p.cl.cmd })
+	return b.wait(ctx, p, func() {
+		cl.cmd = p.cl.cmd
+		if cl2 != nil {
+			cl2.cmd = p.cl2.cmd
+		}
+	})
 }
 
 // job runs f in the drainer's next round: a call that must keep its own
@@ -129,7 +143,7 @@ func (b *batcher) do(ctx context.Context, cl *call) error {
 // context is ctx's values with its deadline; it returns as do does.
 func (b *batcher) job(ctx context.Context, f func(ctx context.Context)) error {
 	b.mu.Lock()
-	p, err := b.enqueueLocked(ctx, nil, f)
+	p, err := b.enqueueLocked(ctx, nil, nil, f)
 	b.mu.Unlock()
 	if err != nil {
 		return err
@@ -139,7 +153,7 @@ func (b *batcher) job(ctx context.Context, f func(ctx context.Context)) error {
 
 // enqueueLocked queues cl (or job f) with ctx and starts the drainer. For a
 // posted context it returns errPosted, having queued it all the same.
-func (b *batcher) enqueueLocked(ctx context.Context, cl *call, f func(context.Context)) (*pending, error) {
+func (b *batcher) enqueueLocked(ctx context.Context, cl, cl2 *call, f func(context.Context)) (*pending, error) {
 	if b.closed {
 		return nil, ErrClosed
 	}
@@ -151,6 +165,9 @@ func (b *batcher) enqueueLocked(ctx context.Context, cl *call, f func(context.Co
 	}
 	if cl != nil {
 		p.cl = *cl
+	}
+	if p.pair = cl2 != nil; p.pair {
+		p.cl2 = *cl2
 	}
 	b.queue = append(b.queue, p)
 	if !b.drainer {
@@ -269,6 +286,9 @@ func (b *batcher) take(ps []*pending, calls []*call) ([]*pending, []*call) {
 			ps = append(ps, p)
 			if p.job == nil {
 				calls = append(calls, &p.cl)
+			}
+			if p.pair {
+				calls = append(calls, &p.cl2)
 			}
 		}
 	}

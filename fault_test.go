@@ -484,9 +484,10 @@ func TestFaultConnectionReset(t *testing.T) {
 	lock := func() error { m.Lock(); return nil }
 	unlock := func() error { m.Unlock(); return nil }
 	acquireSHA, releaseSHA := mutexScripts.acquire.Hash(), mutexScripts.release.Hash()
-	// The Context forms go the uncontended way (quick_lock.lua, quick_unlock.lua: a
-	// resent quick_lock.lua finds the hash and hands over to acquire.lua), the
-	// others the contended way (acquire.lua, release.lua).
+	// The Context forms go the uncontended way (quick_lock.lua, and HDEL for
+	// the final release: a resent quick_lock.lua finds the hash and hands over
+	// to acquire.lua, a resent HDEL finds nothing), the others the contended
+	// way (acquire.lua, release.lua).
 	calm := func() { m.spec.quick.until.Store(0) }
 	contended := func() { m.spec.quick.until.Store(math.MaxInt64) }
 
@@ -507,7 +508,7 @@ func TestFaultConnectionReset(t *testing.T) {
 	step("nested LockContext", acquireSHA, lockCtx, 2, "2")
 	step("UnlockContext 2→1", releaseSHA, unlockCtx, 1, "1")
 	calm()
-	step("final UnlockContext", quickUnlock.Hash(), unlockCtx, 0, "")
+	step("final UnlockContext", "hdel", unlockCtx, 0, "")
 	if isClosed(lost) {
 		t.Error("Lost closed for a hold that was unlocked normally")
 	}

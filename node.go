@@ -55,6 +55,7 @@ type target interface {
 }
 
 // call is one script invocation.
+// It is a script call, or (s nil) a plain command: args alone.
 type call struct {
 	s    *luaScript
 	keys []interface{}
@@ -63,6 +64,10 @@ type call struct {
 }
 
 func (cl *call) build(ctx context.Context, eval bool) {
+	if cl.s == nil {
+		cl.cmd = redis.NewCmd(ctx, cl.args...)
+		return
+	}
 	a := make([]interface{}, 0, 3+len(cl.keys)+len(cl.args))
 	if eval {
 		a = append(a, "eval", cl.s.src)
@@ -131,6 +136,9 @@ func firstNoScript(calls []*call) int {
 
 // (HasErrorPrefix allocates even for nil: look first.)
 func isNoScript(cl *call) bool {
+	if cl.s == nil {
+		return false
+	}
 	err := cl.cmd.Err()
 	return err != nil && redis.HasErrorPrefix(err, "NOSCRIPT")
 }
@@ -254,14 +262,7 @@ func (n *node) masterFor(ctx context.Context, key string) (target, error) {
 func (n *node) release(ctx context.Context, s *lockSpec, owner interface{}, want int, lease interface{}) (int64, error) {
 	if want == 0 && s.quick.calm() && !isPosted(ctx) {
 		// (A posted release cannot look at the reply: release.lua alone.)
-		v, err := n.evalOn(ctx, s.quick.unlockKeys, s.quick.unlock, owner)
-		if err != nil {
-			return 0, err
-		}
-		if res, err := toInt64(v); err != nil || res >= 0 {
-			return res, err
-		}
-		s.quick.contended() // somebody waits: release.lua hands the lock on
+		return n.quickRelease(ctx, s, owner)
 	}
 	na, qa := n.tail(ctx, s)
 	v, err := n.eval(ctx, s, s.sc.release, owner, want, lease, na, qa)

@@ -435,15 +435,17 @@ func (l *errorLog) await(t testing.TB, target error, timeout time.Duration, what
 }
 
 // scriptNames maps the SHA1 of each of the library's scripts to its name.
-// The uncontended cycle's scripts (quick_lock.lua, quick_unlock.lua) are the free paths
-// of acquire.lua and release.lua, and count as those.
+// The uncontended cycle's quick_lock.lua is the free path of acquire.lua
+// and counts as it; its release, a plain HDEL (ZREM of a reader) with an
+// EXISTS, counts as release (see scriptCall), and wake.lua, which a release
+// that found somebody queued sends after it, as wake.
 var scriptNames = map[string]string{
 	mutexScripts.acquire.Hash(): "acquire",
 	quickLock.Hash():            "acquire",
 	mutexScripts.release.Hash(): "release",
-	quickUnlock.Hash():          "release",
 	mutexScripts.leave.Hash():   "leave",
 	renewScript.Hash():          "renew",
+	wakeScript.Hash():           "wake",
 }
 
 // quickCall says whether cmd runs one of the uncontended cycle's scripts.
@@ -458,10 +460,12 @@ func quickCall(cmd redis.Cmder) bool {
 		sum := sha1.Sum([]byte(sha))
 		sha = hex.EncodeToString(sum[:])
 	case "evalsha":
+	case "hdel", "zrem": // the uncontended release
+		return true
 	default:
 		return false
 	}
-	for _, s := range []*luaScript{quickLock, quickUnlock, quickRLock, quickRUnlock} {
+	for _, s := range []*luaScript{quickLock, quickRLock} {
 		if s.Hash() == sha {
 			return true
 		}
@@ -469,14 +473,28 @@ func quickCall(cmd redis.Cmder) bool {
 	return false
 }
 
+// plainRelease names an uncontended final release: HDEL of a lock hash
+// (release) or ZREM of a readers key (runlock), with its key.
+func plainRelease(args []interface{}) (string, []string) {
+	key := fmt.Sprint(args[1])
+	if strings.HasSuffix(key, ":readers") {
+		return "runlock", []string{key}
+	}
+	return "release", []string{key}
+}
+
 // scriptCall reports which of the library's scripts cmd runs (EVALSHA or
 // EVAL) and the keys it passes; name is "" for any other command.
-func scriptCall(cmd redis.Cmder) (name string, keys []string) {
-	args := cmd.Args()
+func scriptCall(cmd redis.Cmder) (name string, keys []string) { return scriptCallArgs(cmd.Args()) }
+
+// scriptCallArgs is scriptCall for a command's arguments.
+func scriptCallArgs(args []interface{}) (name string, keys []string) {
 	if len(args) < 3 {
 		return "", nil
 	}
 	switch strings.ToLower(fmt.Sprint(args[0])) {
+	case "hdel", "zrem": // the uncontended final release (see quick.go)
+		return plainRelease(args)
 	case "evalsha":
 		name = scriptNames[fmt.Sprint(args[1])]
 	case "eval":

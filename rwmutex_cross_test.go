@@ -26,10 +26,10 @@ func init() {
 	} {
 		scriptNames[s.Hash()] = name
 	}
-	// The uncontended cycle's scripts are the free paths of these.
-	for name, s := range map[string]*luaScript{"rlock": quickRLock, "runlock": quickRUnlock} {
-		scriptNames[s.Hash()] = name
-	}
+	// The uncontended cycle's quick_rlock.lua is the free path of rlock.lua;
+	// rwwake.lua follows a plain release that found somebody queued.
+	scriptNames[quickRLock.Hash()] = "rlock"
+	scriptNames[rwWake.Hash()] = "rwwake"
 }
 
 // rwKeyNames are the keys of a read/write lock under the default prefix.

@@ -21,8 +21,8 @@ var (
 	raiseScript = loadScript("raise")
 
 	// The uncontended cycle of a DistMutex and of a DistRWMutex's readers (see quick).
-	quickLock, quickUnlock   = loadScript("quick_lock"), loadScript("quick_unlock")
-	quickRLock, quickRUnlock = loadScript("quick_rlock"), loadScript("quick_runlock")
+	quickLock, quickRLock = loadScript("quick_lock"), loadScript("quick_rlock")
+	wakeScript, rwWake    = loadScript("wake"), loadScript("rwwake")
 
 	// The scripts of each kind of lock: a DistMutex, and the write and read
 	// sides of a DistRWMutex.

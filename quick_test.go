@@ -1,0 +1,102 @@
+package remutex
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Tests of the uncontended cycle (quick.go): its final release is a plain
+// HDEL (ZREM) with an EXISTS of the queue, and a release that finds
+// somebody queued (a waiter of another Client, which the releasing Client
+// has not seen contended) passes the lock on with wake.lua (rwwake.lua).
+
+// TestQuickReleaseWakesTheQueue: a holder whose Client saw no contention
+// releases with HDEL; the waiter of another Client queued meanwhile is handed
+// the lock by the wake script that follows, long before its queue refresh
+// or the holder's lease would have woken it.
+func TestQuickReleaseWakesTheQueue(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *testBackend) {
+		name := lockName(t)
+		cmds := newCommandLog()
+		hrdb := b.rdb(t)
+		hrdb.AddHook(cmds)
+		holder := clientOn(t, hrdb).NewMutex(name)
+		waiter := b.client(t).NewMutex(name)
+		k := keysOf(name)
+		rdb := b.rdb(t)
+		ctx := testCtx(t, hangGuard)
+
+		h := holdIn(t, holder)
+		locked := make(chan struct{}, 1)
+		go func() {
+			if err := waiter.LockContext(ctx); err != nil {
+				t.Errorf("waiter: %v", err)
+			}
+			locked <- struct{}{}
+			_ = waiter.UnlockContext(ctx)
+		}()
+		waitFor(t, "the waiter queued", func() bool { return rdb.ZCard(ctx, k.queue).Val() == 1 })
+		start := time.Now()
+		h.release()
+		if err := await(t, h.unlocked, "the holder's UnlockContext"); err != nil {
+			t.Fatalf("holder's UnlockContext: %v", err)
+		}
+		await(t, locked, "the waiter")
+		var sent []string
+		for _, c := range cmds.since(start) {
+			sent = append(sent, strings.ToLower(fmt.Sprint(c.args[0])))
+			if name, _ := scriptCallArgs(c.args); name != "" {
+				sent = append(sent, name)
+			}
+		}
+		got := strings.Join(sent, " ")
+		if !strings.Contains(got, "hdel") || !strings.Contains(got, "exists") || !strings.Contains(got, "wake") {
+			t.Errorf("the holder's release sent %q, want HDEL, EXISTS, then wake.lua", got)
+		}
+	})
+}
+
+// TestQuickReadReleaseWakesTheWriter: the last reader's plain ZREM finds a
+// writer queued; rwwake.lua lets it in.
+func TestQuickReadReleaseWakesTheWriter(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *testBackend) {
+		name := lockName(t)
+		cmds := newCommandLog()
+		rrdb := b.rdb(t)
+		rrdb.AddHook(cmds)
+		reader := clientOn(t, rrdb).NewRWMutex(name)
+		writer := b.client(t).NewRWMutex(name)
+		k, rdb := rwKeysOf(name), b.rdb(t)
+		ctx := testCtx(t, hangGuard)
+		r := newFaultGoroutine(t)
+		r.do(t, hangGuard, "RLock", reader.RLock)
+		wrote := make(chan error, 1)
+		go func() {
+			err := writer.LockContext(ctx)
+			if err == nil {
+				err = writer.UnlockContext(ctx)
+			}
+			wrote <- err
+		}()
+		awaitQueued(t, rdb, k, 1)
+		var err error
+		r.do(t, hangGuard, "RUnlock", func() { err = reader.RUnlockContext(ctx) })
+		if err != nil {
+			t.Fatalf("RUnlockContext: %v", err)
+		}
+		if err := await(t, wrote, "the writer"); err != nil {
+			t.Errorf("the writer after the last reader left: %v", err)
+		}
+		woke := false
+		for _, c := range cmds.since(time.Time{}) {
+			if name, _ := scriptCallArgs(c.args); name == "rwwake" {
+				woke = true
+			}
+		}
+		if !woke {
+			t.Errorf("the last reader's release sent no rwwake.lua, which lets the queued writer in")
+		}
+	})
+}
