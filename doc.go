@@ -73,22 +73,27 @@
 // with a lease (PEXPIRE), the fence counter P{N}:fence, and the queue
 // P{N}:queue (entry → arrival) with P{N}:queue:alive (entry → liveness
 // deadline); its Client hears of it on P{N}:released:<client id> (SPUBLISH
-// on a Redis 7 cluster). All share one cluster slot. Only the scripts of
+// on a Redis 7 cluster). All share one cluster slot. The scripts of
 // scripts/*.lua (embedded) change them: for a DistMutex acquire.lua (take,
 // raise or queue), release.lua, leave.lua (a waiter that gives up) and the
-// watchdog's renew.lua, with quick_lock.lua and quick_unlock.lua below. Their
-// uncontended paths come first and touch only what they need: acquire is
-// EXISTS + HSET + PEXPIRE (+ INCR with fencing), release is HDEL + EXISTS.
+// watchdog's renew.lua. Their uncontended paths come first and touch only
+// what they need: acquire is EXISTS + HSET + PEXPIRE (+ INCR with fencing),
+// release is HDEL + EXISTS.
 //
 // Redis pays about as much for each argument of a script call, and for a
-// table it returns, as for a command the script runs. So for a lock that the
-// Client has not seen contended in the last second, a DistMutex sends those
-// paths alone, as quick_lock.lua (KEYS hash and queue, plus the fence counter
-// WithFencing; ARGV owner and lease; it answers the fence token, or -1 for
-// anything but a free lock) and quick_unlock.lua (KEYS hash and queue, ARGV
-// owner; it answers -1 and does nothing when somebody waits); a
-// DistRWMutex's readers send quick_rlock.lua and quick_runlock.lua alike.
-// Either one that finds more than it can do hands over to the full script,
+// table it returns, as for a command the script runs, and some 13k
+// instructions for the call itself. So for a lock that the Client has not
+// seen contended in the last second, a DistMutex sends those paths alone:
+// quick_lock.lua (KEYS hash and queue, plus the fence counter WithFencing;
+// ARGV owner and lease; it answers the fence token, or -1 for anything but
+// a free lock), and for the final release no script at all, but HDEL of the
+// owner's field and EXISTS of the queue in one pipeline: the one change to
+// a lock that is not a script's. It is safe without one: HDEL of the
+// owner's own field is idempotent and harmless after a loss, and a waiter
+// that queues after it finds the lock free, while one that queued before
+// is seen by the EXISTS, after which wake.lua passes the lock on. A
+// DistRWMutex's readers send quick_rlock.lua and ZREM + EXISTS alike. A
+// quick call that finds more than it can do hands over to the full script,
 // in a second call; a lock seen contended (a busy reply, a waiter, a
 // hand-off) is sent the full scripts at once. The uncontended paths do not
 // read the queue's liveness key: foreign data there is reported by the first
