@@ -81,6 +81,10 @@ type Holder struct {
 	// Read reports a read hold of a DistRWMutex; false for a DistMutex's
 	// hold and a DistRWMutex's write hold.
 	Read bool
+	// Kept reports a hold that its owner released while its minimum hold
+	// (WithMinHold) had time left: nobody holds the lock, but it stays taken
+	// for TTL more. ForceUnlock releases it.
+	Kept bool
 	// TTL is the hold's remaining lease: a read hold's own (each reader has
 	// a deadline of its own), else that of the hash it lives in; negative if
 	// that hash has no expiry.
@@ -345,8 +349,21 @@ func readRole(info *LockInfo, r byte, v interface{}) {
 }
 
 func newHolder(owner string, count int, read bool, ttlMs int64) Holder {
+	owner, kept := strings.CutPrefix(owner, keptPrefix)
 	host, pid := ownerOrigin(owner)
-	return Holder{Owner: owner, Count: count, Read: read, TTL: time.Duration(max(ttlMs, -1)) * time.Millisecond, Host: host, PID: pid}
+	return Holder{Owner: owner, Count: count, Read: read, Kept: kept, TTL: time.Duration(max(ttlMs, -1)) * time.Millisecond, Host: host, PID: pid}
+}
+
+// keptPrefix begins the field that keeps a released lock taken for the
+// rest of its minimum hold (WithMinHold; see release.lua).
+const keptPrefix = "kept:"
+
+// field is the hash field of a hold: its owner token, or the kept field.
+func (h Holder) field() string {
+	if h.Kept {
+		return keptPrefix + h.Owner
+	}
+	return h.Owner
 }
 
 // parseWaiter decodes a queue entry, <claim ms>:<flag>:<wait id>:<owner>
@@ -517,7 +534,7 @@ func (n *node) forceUnlock(ctx context.Context, t *adminTarget, owners []string)
 			if len(owners) > 0 && !slices.Contains(owners, h.Owner) {
 				continue
 			}
-			res, err := n.release(ctx, t.spec(kind, h), h.Owner, 0, "0")
+			res, err := n.release(ctx, t.spec(kind, h), h.field(), 0, "0")
 			if err != nil {
 				return released, err
 			}

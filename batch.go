@@ -53,8 +53,8 @@ type batcher struct {
 // pending is one queued call (or job) and what its caller waits on.
 type pending struct {
 	ctx    context.Context
-	cl     call                      // a copy, so that the caller's call may live on its stack
-	cl2    call                      // with pair: a second call, in the same round trip after cl
+	cl     call // a copy, so that the caller's call may live on its stack
+	cl2    call // with pair: a second call, in the same round trip after cl
 	pair   bool
 	job    func(ctx context.Context) // a job instead of a call (see batcher.run)
 	posted bool                      // nobody waits for it (see postCtx)

@@ -55,6 +55,7 @@ var _ sync.Locker = (*DistMutex)(nil)
 
 type mutexConfig struct {
 	lease        time.Duration
+	minHold      time.Duration
 	noRenew      bool
 	fencing      bool
 	nonReentrant bool
@@ -79,6 +80,25 @@ func WithLease(d time.Duration) MutexOption {
 // unlocked.
 func WithoutRenewal() MutexOption {
 	return func(m *mutexConfig) { m.noRenew = true }
+}
+
+// WithMinHold makes a released hold keep the lock taken until d has passed
+// since it was acquired, as ShedLock's "lock at least for": the final Unlock
+// ends the goroutine's hold as usual (HoldCount 0, Lost and the hold's
+// contexts untouched), but the lock's key stays, held by nobody, until then,
+// so that the same job started by other processes a little later (clocks and
+// schedulers differ) finds it taken and skips the run. A hold released after
+// d frees the lock at once. The time counts from when the acquisition's
+// reply (or grant) reached this process, so that the key stays at least d
+// after Redis granted it. Inspect shows such a key's holder with Kept set
+// and the time left as its TTL; ForceUnlock releases it; deleting the key
+// frees it early. With WithoutRenewal (the fixed lease: "lock at most for")
+// d must not exceed the lease. For scheduled jobs: a tick of T and clock
+// skew S want S < d < T. Default: 0, the lock is free at Unlock. d outside
+// MinLease..MaxLease (or above a fixed lease) panics in NewMutex, as does
+// the option for a DistRWMutex.
+func WithMinHold(d time.Duration) MutexOption {
+	return func(m *mutexConfig) { m.minHold = d }
 }
 
 // WithFencing makes every acquisition draw a fencing token from a counter in
@@ -130,6 +150,15 @@ func (c *Client) configure(fn, name string, opts []MutexOption) mutexConfig {
 	}
 	if cfg.lease < MinLease || cfg.lease > MaxLease {
 		panic(fmt.Sprintf("remutex: WithLease(%v): lease must be between %v and %v", cfg.lease, MinLease, MaxLease))
+	}
+	switch {
+	case cfg.minHold == 0:
+	case fn != "NewMutex":
+		panic("remutex: " + fn + ": WithMinHold is an option of a DistMutex (NewMutex)")
+	case cfg.minHold < MinLease || cfg.minHold > MaxLease:
+		panic(fmt.Sprintf("remutex: WithMinHold(%v): must be between %v and %v", cfg.minHold, MinLease, MaxLease))
+	case cfg.noRenew && cfg.minHold > cfg.lease:
+		panic(fmt.Sprintf("remutex: WithMinHold(%v) exceeds the fixed lease (WithLease(%v), WithoutRenewal): the lock is held at most that long", cfg.minHold, cfg.lease))
 	}
 	return cfg
 }

@@ -260,8 +260,9 @@ func (n *node) masterFor(ctx context.Context, key string) (target, error) {
 }
 
 func (n *node) release(ctx context.Context, s *lockSpec, owner interface{}, want int, lease interface{}) (int64, error) {
-	if want == 0 && s.quick.calm() && !isPosted(ctx) {
-		// (A posted release cannot look at the reply: release.lua alone.)
+	if want == 0 && lease == "0" && s.quick.calm() && !isPosted(ctx) {
+		// (A posted release cannot look at the reply, nor HDEL keep the key
+		// for WithMinHold: release.lua alone.)
 		return n.quickRelease(ctx, s, owner)
 	}
 	na, qa := n.tail(ctx, s)

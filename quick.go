@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -31,7 +32,8 @@ type quick struct {
 	lock, wake           *luaScript
 	lockKeys, fencedKeys []interface{}
 	del                  string        // "hdel", or "zrem" for a reader
-	delKey, queue        interface{}   // the key of the holds, and the queue
+	delKey               interface{}   // the key of the holds
+	look                 []interface{} // EXISTS of the queue (read only: shared by the calls)
 	until                *atomic.Int64 // unix ns: contended until then (Client.contended)
 }
 
@@ -47,7 +49,7 @@ func (c *Client) newQuick(kind lockKind, keys []string) *quick {
 		h = (h ^ uint32(hash[i])) * 16777619
 	}
 	q := &quick{lock: quickLock, wake: wakeScript, lockKeys: []interface{}{hash, queue},
-		del: "hdel", delKey: hash, queue: queue, until: &c.contended[h%uint32(len(c.contended))]}
+		del: "hdel", delKey: hash, look: []interface{}{"exists", queue}, until: &c.contended[h%uint32(len(c.contended))]}
 	switch kind {
 	case kindWrite:
 		return nil
@@ -100,11 +102,14 @@ func (n *node) quickLock(ctx context.Context, s *lockSpec, r acquireReq) (grante
 // there: not held, as release.lua answers.
 func (n *node) quickRelease(ctx context.Context, s *lockSpec, owner interface{}) (int64, error) {
 	q := s.quick
-	del := call{args: []interface{}{q.del, q.delKey, owner}}
-	look := call{args: []interface{}{"exists", q.queue}}
-	if err := n.batch.doPair(ctx, &del, &look); err != nil {
-		return 0, err
+	pc := pairPool.Get().(*pairCalls)
+	del, look := &pc.calls[0], &pc.calls[1]
+	*del = call{args: append(pc.args[:0], q.del, q.delKey, owner)}
+	*look = call{args: q.look}
+	if err := n.batch.doPair(ctx, del, look); err != nil {
+		return 0, err // (not put back: the drainer may still send pc's arguments)
 	}
+	defer pairPool.Put(pc)
 	gone, err := del.cmd.Int64()
 	var rerr redis.Error
 	switch {
@@ -131,3 +136,12 @@ func (n *node) quickRelease(ctx context.Context, s *lockSpec, owner interface{})
 	}
 	return releaseDone, nil
 }
+
+// pairCalls are the two calls of a quickRelease, pooled: an uncontended
+// cycle allocates what go-redis needs, little more.
+type pairCalls struct {
+	calls [2]call
+	args  []interface{}
+}
+
+var pairPool = sync.Pool{New: func() any { return &pairCalls{args: make([]interface{}, 0, 3)} }}

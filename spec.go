@@ -20,8 +20,9 @@ type lockSpec struct {
 	claim    time.Duration // lease of a queue grant until the watchdog extends it
 	ttl      time.Duration // liveness of a queue entry
 	leaseArg interface{}
-	keepArg  interface{} // nested calls: the lease, or "0" (keep the TTL) WithoutRenewal
-	renewArg interface{} // the watchdog's lease argument (renew.lua)
+	keepArg  interface{}   // nested calls: the lease, or "0" (keep the TTL) WithoutRenewal
+	minHold  time.Duration // WithMinHold
+	renewArg interface{}   // the watchdog's lease argument (renew.lua)
 	claimMs  string
 	flag     string // the kind of its queue entries (see the scripts)
 	fence    fenceMode
@@ -130,6 +131,7 @@ func (c *Client) newSpec(name string, cfg mutexConfig, kind lockKind) lockSpec {
 	if s.read {
 		s.renewArg = "r" + ms
 	}
+	s.minHold = cfg.minHold
 	s.claimMs = strconv.FormatInt(s.claim.Milliseconds(), 10)
 	s.queueArg = strconv.FormatInt(s.ttl.Milliseconds(), 10) + " " + s.claimMs + " " + s.home + releasedInfix
 	if cfg.fencing {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 )
 
@@ -101,7 +102,8 @@ func (m *DistMutex) unheldLocked() string {
 // reply was lost, and the hold is dropped as after a failed release.
 func (m *DistMutex) release(ctx context.Context, h *hold, want int, valid time.Time) (int64, time.Time, error) {
 	sent := time.Now()
-	res, err := m.c.be.release(ctx, &m.spec, h.owner, want, m.spec.keepArg)
+	lease := m.releaseArg(h, want)
+	res, err := m.c.be.release(ctx, &m.spec, h.owner, want, lease)
 	if err == nil || !transient(err) && !errors.Is(err, context.DeadlineExceeded) {
 		return res, sent, err
 	}
@@ -125,7 +127,7 @@ func (m *DistMutex) release(ctx context.Context, h *hold, want int, valid time.T
 			t.Stop()
 		}
 		sent = time.Now()
-		res, err = m.c.be.release(bctx, &m.spec, h.owner, want, m.spec.keepArg)
+		res, err = m.c.be.release(bctx, &m.spec, h.owner, want, lease)
 		switch {
 		case err == nil || !transient(err) && bctx.Err() == nil:
 			return res, sent, err
@@ -135,6 +137,19 @@ func (m *DistMutex) release(ctx context.Context, h *hold, want int, valid time.T
 			return 0, sent, fmt.Errorf("no answer within %v (%w): %w", unlockTimeout, context.DeadlineExceeded, err)
 		}
 	}
+}
+
+// releaseArg is the lease argument of the release of h down to want: for a
+// nested one the lease to set (or "0"), for the final one how long the key
+// stays after it (WithMinHold; "0": deleted at once).
+func (m *DistMutex) releaseArg(h *hold, want int) interface{} {
+	if want > 0 {
+		return m.spec.keepArg
+	}
+	if keep := m.spec.minHold - time.Since(h.acquired); keep >= time.Millisecond {
+		return strconv.FormatInt(keep.Milliseconds(), 10)
+	}
+	return "0"
 }
 
 // settle records the outcome of the release of h down to want.
