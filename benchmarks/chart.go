@@ -74,13 +74,14 @@ func chartPanels(r *results) []panel {
 			panels = append(panels, pn)
 		}
 	}
+	panels = append(panels, instrPanels(r)...)
 	cyc := r.cycleMetric
 	cont := r.contendedMetric
 	add("Uncontended Lock+Unlock cycle (lower is better)", "µs", false, 2*us(r.Floor.RTT), "2 PINGs",
 		cyc(func(c *cycleResult) float64 { return us(c.Cycle) }))
 	add("Allocations per cycle (lower is better)", "allocs", false, 0, "",
 		cyc(func(c *cycleResult) float64 { return c.Allocs }))
-	add("Uncontended: Redis CPU per cycle (lower is better)", "µs", false, 0, "",
+	add("Uncontended: Redis CPU per cycle (machine-dependent, lower is better)", "µs", false, 0, "",
 		cyc(func(c *cycleResult) float64 { return us(c.CPU) }))
 	add("Contended: lock utilisation, time held / wall time (higher is better)", "%", false, 0, "",
 		cont(func(c *contendedResult) float64 { return 100 * c.Utilisation }))
@@ -88,14 +89,14 @@ func chartPanels(r *results) []panel {
 		cont(func(c *contendedResult) float64 { return float64(c.GapMean) / float64(r.Floor.RTT) }))
 	add("Contended: wait p99 (lower is better, log scale)", "ms", true, 20, "20 ms",
 		cont(func(c *contendedResult) float64 { return ms(c.WaitP99) }))
-	add("Contended: Redis CPU per acquisition (lower is better)", "µs", false, 0, "",
+	add("Contended: Redis CPU per acquisition (machine-dependent, lower is better)", "µs", false, 0, "",
 		cont(func(c *contendedResult) float64 { return us(c.CPU) }))
 	at := func(locks int, sel func(*scaleResult) float64) metric { return r.scaleMetric(locks, sel) }
 	perSec := func(c *scaleResult) float64 { return c.PerSecond }
 	cpuPer := func(c *scaleResult) float64 { return us(c.CPU) }
 	add(fmt.Sprintf("Scale, %d locks in use: cycles/s (higher is better)", scaleTarget), "/s", false, 0, "", at(scaleTarget, perSec))
-	add(fmt.Sprintf("Scale, %d locks in use: Redis CPU per cycle (lower is better)", scaleTarget), "µs", false, 0, "", at(scaleTarget, cpuPer))
-	add("Scale, 1024 locks in use: Redis CPU per cycle (lower is better)", "µs", false, 0, "", at(1024, cpuPer))
+	add(fmt.Sprintf("Scale, %d locks in use: Redis CPU per cycle (machine-dependent, lower is better)", scaleTarget), "µs", false, 0, "", at(scaleTarget, cpuPer))
+	add("Scale, 1024 locks in use: Redis CPU per cycle (machine-dependent, lower is better)", "µs", false, 0, "", at(1024, cpuPer))
 	add("Many held locks: renewal round trips per lease/3 (lower is better, log scale)", "", true, 0, "",
 		func(n string) (float64, bool) {
 			h, ok := r.Held[n]

@@ -37,16 +37,13 @@ type contendedResult struct {
 	PerWorker    []int
 	Overlaps     int64 // acquisitions that found another holder inside
 	Errors       int64
-	Bursts       float64       // write bursts per acquisition, all clients
-	Commands     float64       // commands sent per acquisition
-	Executed     float64       // commands executed per acquisition, scripts' included
-	CPU          time.Duration // redis-server CPU per acquisition
-	Server       map[string]cmdStat
+	perCycle         // per acquisition, the drain included: round trips of all clients, commands, Redis CPU, ...
 	AllAcq       int // acquisitions including the drain after the window
 	FirstErr     string
 	Rounds       []float64 // utilisation of each round, in %
 
 	waits []time.Duration // every acquisition's, sorted (merged across rounds)
+	spent spent           // all rounds'
 }
 
 // mergeRounds sums up the rounds of one variant. Rate, utilisation and gap
@@ -59,8 +56,7 @@ func mergeRounds(rs []contendedResult) contendedResult {
 	slices.SortFunc(byUtil, func(a, b contendedResult) int { return cmp.Compare(a.Utilisation, b.Utilisation) })
 	m := byUtil[len(byUtil)/2]
 	res := contendedResult{PerSecond: m.PerSecond, Utilisation: m.Utilisation, HoldMean: m.HoldMean, GapMean: m.GapMean, GapP50: m.GapP50,
-		PerWorker: make([]int, len(m.PerWorker)), Server: map[string]cmdStat{}}
-	var cpu, bursts, commands, executed float64
+		PerWorker: make([]int, len(m.PerWorker))}
 	for _, r := range rs {
 		res.Rounds = append(res.Rounds, math.Round(1000*r.Utilisation)/10)
 		res.Window += r.Window
@@ -75,19 +71,9 @@ func mergeRounds(rs []contendedResult) contendedResult {
 		for i, n := range r.PerWorker {
 			res.PerWorker[i] += n
 		}
-		for k, s := range r.Server {
-			t := res.Server[k]
-			res.Server[k] = cmdStat{Calls: t.Calls + s.Calls, Usec: t.Usec + s.Usec}
-		}
-		n := float64(r.AllAcq)
-		cpu += float64(r.CPU) * n
-		bursts += r.Bursts * n
-		commands += r.Commands * n
-		executed += r.Executed * n
+		res.spent = res.spent.add(r.spent)
 	}
-	n := float64(res.AllAcq)
-	res.CPU = time.Duration(cpu / n)
-	res.Bursts, res.Commands, res.Executed = bursts/n, commands/n, executed/n
+	res.perCycle = res.spent.per(float64(res.AllAcq))
 	res.Spread = workerSpread(res.PerWorker)
 	res.setWaits()
 	return res
@@ -106,9 +92,12 @@ type acqRecord struct {
 	worker     int
 }
 
-func contended(v variant, srv *server, window time.Duration) (contendedResult, error) {
+// contended runs the hand-off for the span sp: a duration, or until sp.ops
+// acquisitions (under callgrind, where what counts is the instructions per
+// acquisition, every one of them counted).
+func contended(v variant, srv *server, sp span) (contendedResult, error) {
 	var w wire
-	clients, err := connectAll(v, config{addr: srv.addr, wire: &w}, contClients)
+	clients, err := connectAll(v, srv.config(&w), contClients)
 	if err != nil {
 		return contendedResult{}, err
 	}
@@ -119,7 +108,7 @@ func contended(v variant, srv *server, window time.Duration) (contendedResult, e
 	}
 
 	// The drain after the window is bounded: a waiter still waiting 10s
-	// after it gives up.
+	// (a minute under callgrind) after it gives up.
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var wg sync.WaitGroup
@@ -135,20 +124,41 @@ func contended(v variant, srv *server, window time.Duration) (contendedResult, e
 	meter := startMeter(srv, &w)
 	h.start = time.Now()
 	close(h.begin)
-	time.Sleep(window)
+	window := h.await(sp)
 	h.stop.Store(true)
-	drain := time.AfterFunc(10*time.Second, cancel)
+	drain := time.AfterFunc(sp.drainLimit(), cancel)
 	wg.Wait()
 	drain.Stop()
 	spent := meter.stop()
+	if spent.err != nil {
+		return contendedResult{}, spent.err
+	}
 
 	res, err := h.result(window)
 	if err != nil {
 		return res, err
 	}
-	res.addCost(spent)
+	res.spent = spent
+	res.perCycle = spent.per(float64(res.AllAcq))
 	return res, nil
 }
+
+// await waits for the span to end and returns the window: its duration, or
+// until the sp.ops'th acquisition, for up to contCountLimit.
+func (h *handoff) await(sp span) time.Duration {
+	if !sp.counting() {
+		time.Sleep(sp.d)
+		return sp.d
+	}
+	for time.Since(h.start) < contCountLimit && h.acquired.Load() < int64(sp.ops) {
+		time.Sleep(2 * time.Millisecond)
+	}
+	return time.Since(h.start)
+}
+
+// contCountLimit is the longest a counted hand-off runs, however few
+// acquisitions it made.
+const contCountLimit = 2 * time.Minute
 
 // connectAll connects n clients of v, each with its own pool, or none.
 func connectAll(v variant, cfg config, n int) ([]client, error) {
@@ -177,6 +187,7 @@ type handoff struct {
 	begin    chan struct{} // closed at start
 	start    time.Time     // set before begin is closed
 	stop     atomic.Bool   // the window has ended
+	acquired atomic.Int64  // acquisitions so far
 	inside   atomic.Int32  // holders inside the critical section
 	overlaps atomic.Int64  // holders that found another inside
 	errs     atomic.Int64
@@ -184,22 +195,36 @@ type handoff struct {
 	records  [][]acqRecord // per worker, set when it ends
 }
 
-// newHandoff makes the workers' mutexes on the lock name, each locked and
-// unlocked once (scripts loaded, connections open).
+// newHandoff makes the workers' mutexes on the lock name and warms them up:
+// every worker takes the lock once, all at once, so that the scripts of the
+// contended path are loaded (a first EVAL compiles one) and the clients'
+// connections are open before anything is measured.
 func newHandoff(clients []client, name string) (*handoff, error) {
 	workers := len(clients) * contPerClient
 	h := &handoff{mutexes: make([]mutex, workers), begin: make(chan struct{}), records: make([][]acqRecord, workers)}
-	warm := context.Background()
 	for i := range h.mutexes {
 		h.mutexes[i] = clients[i%len(clients)].mutex(name)
-		if err := h.mutexes[i].lock(warm); err != nil {
-			return nil, err
-		}
-		if err := h.mutexes[i].unlock(warm); err != nil {
-			return nil, err
-		}
 	}
-	return h, nil
+	warm := context.Background()
+	errs := make(chan error, workers)
+	var wg sync.WaitGroup
+	for _, m := range h.mutexes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := m.lock(warm); err != nil {
+				errs <- err
+				return
+			}
+			time.Sleep(contCritical)
+			if err := m.unlock(warm); err != nil {
+				errs <- err
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	return h, <-errs
 }
 
 // work is worker wk: from begin until stop, it locks, holds for contCritical,
@@ -220,6 +245,7 @@ func (h *handoff) work(ctx context.Context, wk int) {
 			continue
 		}
 		t1 := time.Since(h.start)
+		h.acquired.Add(1)
 		if !h.inside.CompareAndSwap(0, 1) {
 			h.overlaps.Add(1)
 		}
@@ -310,15 +336,4 @@ func workerSpread(perWorker []int) float64 {
 		return -1
 	}
 	return float64(most) / float64(fewest)
-}
-
-// addCost fills in what Redis did per acquisition, drain included.
-func (res *contendedResult) addCost(s spent) {
-	n := float64(res.AllAcq)
-	u, sent := s.used, s.sent
-	res.Bursts = float64(sent.Bursts) / n
-	res.Commands = float64(sent.Commands) / n
-	res.Executed = float64(u.executed()) / n
-	res.CPU = time.Duration(float64(u.cpu) / n)
-	res.Server = u.cmds
 }

@@ -7,6 +7,8 @@ import (
 	"net"
 	"slices"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // floorResult is the cost of one round trip: PING answered on the same
@@ -27,7 +29,7 @@ type floorResult struct {
 // socket.
 func floorRound(addr string, d time.Duration, r *floorResult) error {
 	var w wire
-	rdb := goRedis(addr, &w)
+	rdb := goRedis(config{addr: addr, wire: &w})
 	defer rdb.Close()
 	ctx := context.Background()
 	for i := 0; i < 100; i++ {
@@ -101,3 +103,25 @@ func median(ds []time.Duration) time.Duration {
 	slices.Sort(s)
 	return s[len(s)/2]
 }
+
+// pingFloor is the floor as a variant, for counting instructions: its lock
+// and its unlock are a PING each, on a go-redis client with default options,
+// so that the harness that counts a library's cycle counts two round trips
+// the same way.
+func pingFloor() variant {
+	return variant{name: floorName, lib: "go-redis", setup: "PING, PING", connect: func(cfg config) (client, error) {
+		return pingClient{goRedis(cfg)}, nil
+	}}
+}
+
+const floorName = "2 PINGs"
+
+// pingClient is both the floor's client and its only mutex.
+type pingClient struct{ rdb *redis.Client }
+
+func (p pingClient) mutex(string) mutex                        { return p }
+func (p pingClient) close()                                    { _ = p.rdb.Close() }
+func (p pingClient) lock(ctx context.Context) error            { return p.rdb.Ping(ctx).Err() }
+func (p pingClient) unlock(ctx context.Context) error          { return p.rdb.Ping(ctx).Err() }
+func (p pingClient) tryLock(ctx context.Context) (bool, error) { return true, p.rdb.Ping(ctx).Err() }
+func (p pingClient) lost() bool                                { return false }

@@ -19,7 +19,7 @@ import (
 func hookVariants() []variant {
 	mk := func(name string, otel, spans bool) variant {
 		return variant{name: name, lib: "remutex", remutex: true, connect: func(cfg config) (client, error) {
-			rdb := goRedis(cfg.addr, cfg.wire)
+			rdb := goRedis(cfg)
 			opts := []remutex.Option{remutex.WithLogger(slog.New(slog.DiscardHandler))}
 			var stop func()
 			if otel {
@@ -77,7 +77,7 @@ func (r *results) runHooks(srv *server) {
 	}
 	for round := 0; round < r.Plan.Rounds; round++ {
 		for _, v := range inTurn(vs, round) {
-			if err := uncontendedRound(v, srv, r.Plan.RoundTime, r.Hooks[v.name]); err != nil {
+			if err := uncontendedRound(v, srv, span{d: r.Plan.RoundTime}, r.Hooks[v.name]); err != nil {
 				r.problem(v, "hook cost", err)
 			}
 		}

@@ -50,9 +50,11 @@ type extender interface {
 
 // config is what a scenario asks of a client.
 type config struct {
-	addr  string
-	wire  *wire
-	lease time.Duration // 0: the library's default
+	addr    string
+	wire    *wire
+	lease   time.Duration // 0: the library's default
+	slow    bool          // the server runs under callgrind: long timeouts
+	scripts *scriptLog    // names and orders the script calls (go-redis clients), or nil
 }
 
 // variant is one library with one configuration.
@@ -132,7 +134,7 @@ type remutexClient struct {
 }
 
 func connectRemutex(cfg config) (client, error) {
-	rdb := goRedis(cfg.addr, cfg.wire)
+	rdb := goRedis(cfg)
 	c := remutex.NewClient(rdb, remutex.WithLogger(slog.New(slog.DiscardHandler)))
 	return &remutexClient{rdb: rdb, c: c, lease: cfg.lease}, nil
 }
@@ -181,7 +183,7 @@ type redsyncClient struct {
 }
 
 func connectRedsync(cfg config, opts ...redsync.Option) (*redsyncClient, error) {
-	rdb := goRedis(cfg.addr, cfg.wire)
+	rdb := goRedis(cfg)
 	if cfg.lease > 0 {
 		opts = append(opts, redsync.WithExpiry(cfg.lease))
 	}
@@ -261,7 +263,7 @@ type redislockClient struct {
 }
 
 func connectRedislock(cfg config, retry time.Duration) (*redislockClient, error) {
-	rdb := goRedis(cfg.addr, cfg.wire)
+	rdb := goRedis(cfg)
 	ttl := 30 * time.Second
 	if cfg.lease > 0 {
 		ttl = cfg.lease
@@ -347,6 +349,10 @@ func connectRueidislock(cfg config, opt rueidislock.LockerOption, stalls *atomic
 	}
 	if cfg.lease > 0 {
 		opt.KeyValidity = cfg.lease
+	}
+	if cfg.slow {
+		opt.ClientOption.ConnWriteTimeout = slowTimeout
+		opt.ClientOption.Dialer.Timeout = slowTimeout
 	}
 	lk, err := rueidislock.NewLocker(opt)
 	if err != nil {

@@ -20,6 +20,9 @@
 //	             and a read-heavy load on DistRWMutex and on DistMutex
 //	hooks        remutex's cycle with and without the OpenTelemetry adapter
 //	scale        1, 4, 64, 1024 locks in use at once, each cycled by a goroutine of its own
+//	instructions (-instructions, not run by default) redis-server's instructions per
+//	             operation under valgrind's callgrind: the uncontended cycle, the
+//	             contended acquisition, remutex's primitives, 64 locks in use
 //
 // The program exits non-zero only on a correctness violation: two holders at
 // once, a tryLock that took a held lock, or a remutex hold lost while held.
@@ -35,7 +38,6 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"strings"
-	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -72,7 +74,7 @@ func shortPlan() plan {
 // flags are the command line.
 type flags struct {
 	out, libs, scenarios, cpuprofile string
-	short                            bool
+	short, instructions              bool
 	held                             int
 	awaitLoad                        float64
 	timeout                          time.Duration
@@ -82,10 +84,12 @@ func parseFlags() flags {
 	var f flags
 	flag.StringVar(&f.out, "out", "results", "directory for results.md, results.svg and results.json")
 	flag.BoolVar(&f.short, "short", false, "a few seconds per scenario (CI)")
+	flag.BoolVar(&f.instructions, "instructions", false, "also count redis-server's instructions per operation under valgrind's callgrind "+
+		"(the scenario instructions; a few minutes more; installs valgrind with apt-get, as root, if it is missing)")
 	flag.StringVar(&f.libs, "libs", "", "comma-separated variant names to run (default: all)")
 	flag.IntVar(&f.held, "held", 0, "locks in the held scenario (default 10000, 1000 with -short)")
 	flag.Float64Var(&f.awaitLoad, "await-load", 0, "before measuring, wait up to 10 minutes for the 1-minute load average to drop below this (0: don't wait)")
-	flag.StringVar(&f.scenarios, "scenarios", "uncontended,nested,contended,held,rw,hooks,scale", "scenarios to run")
+	flag.StringVar(&f.scenarios, "scenarios", "uncontended,nested,contended,held,rw,hooks,scale", "scenarios to run (instructions: see -instructions)")
 	flag.StringVar(&f.cpuprofile, "cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.DurationVar(&f.timeout, "timeout", 0, "give up after this long, printing every goroutine's stack (default 10m, 3m with -short)")
 	flag.Parse()
@@ -93,6 +97,9 @@ func parseFlags() flags {
 		f.timeout = 10 * time.Minute
 		if f.short {
 			f.timeout = 3 * time.Minute
+		}
+		if f.instructions || strings.Contains(f.scenarios, "instructions") {
+			f.timeout += 10 * time.Minute
 		}
 	}
 	return f
@@ -126,7 +133,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}
-	want := map[string]bool{}
+	want := map[string]bool{"instructions": f.instructions}
 	for _, s := range strings.Split(f.scenarios, ",") {
 		want[strings.TrimSpace(s)] = true
 	}
@@ -180,9 +187,7 @@ func guard(limit, await time.Duration) {
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
 	go func() {
 		sig := <-sigs
-		if s := running.Load(); s != nil {
-			s.stop()
-		}
+		running.stopAll()
 		fmt.Fprintln(os.Stderr, "benchmarks:", sig)
 		os.Exit(2)
 	}()
@@ -190,9 +195,7 @@ func guard(limit, await time.Duration) {
 		buf := make([]byte, 16<<20)
 		buf = buf[:runtime.Stack(buf, true)]
 		fmt.Fprintf(os.Stderr, "benchmarks: still running after %v; goroutines:\n%s\n", limit, buf)
-		if s := running.Load(); s != nil {
-			s.stop()
-		}
+		running.stopAll()
 		os.Exit(3)
 	})
 }
@@ -247,8 +250,9 @@ func awaitTime(load float64) time.Duration {
 
 const awaitLimit = 10 * time.Minute
 
-// running is the server of the run, stopped by the timeout too.
-var running atomic.Pointer[server]
+// running are the servers of the run, stopped by an interrupt or the
+// timeout too.
+var running serverSet
 
 func variantNames(vs []variant) string {
 	var names []string

@@ -34,7 +34,7 @@ func nested(v variant, srv *server, d time.Duration) (nestedResult, error) {
 		return nestedResult{}, err
 	}
 	defer cl.close()
-	pinger := goRedis(srv.addr, &pw)
+	pinger := goRedis(config{addr: srv.addr, wire: &pw})
 	defer pinger.Close()
 	m := cl.mutex(lockName("nested"))
 	if err := m.lock(ctx); err != nil {

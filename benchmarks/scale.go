@@ -27,6 +27,16 @@ var scaleLayouts = []scaleLayout{{1, 1}, {4, 1}, {4, 16}, {4, 256}}
 // scaleTarget is the size the target is checked at: 4 clients × 16 goroutines.
 const scaleTarget = 64
 
+// scaleLayoutOf returns the layout with locks in use.
+func scaleLayoutOf(locks int) scaleLayout {
+	for _, l := range scaleLayouts {
+		if l.locks() == locks {
+			return l
+		}
+	}
+	panic(fmt.Sprintf("benchmarks: no scale layout of %d locks", locks))
+}
+
 // scaleResult is one variant at one size, over all rounds.
 type scaleResult struct {
 	Locks, Clients, PerClient int
@@ -39,10 +49,11 @@ type scaleResult struct {
 	spent                     spent
 }
 
-// scaleRound runs one round of v at layout l for about d and adds it to r.
-func scaleRound(v variant, srv *server, l scaleLayout, d time.Duration, r *scaleResult) error {
+// scaleRound runs one round of v at layout l for the span sp and adds it to
+// r: for a duration, or sp.ops cycles shared out evenly among the locks.
+func scaleRound(v variant, srv *server, l scaleLayout, sp span, r *scaleResult) error {
 	var w wire
-	clients, err := connectAll(v, config{addr: srv.addr, wire: &w}, l.Clients)
+	clients, err := connectAll(v, srv.config(&w), l.Clients)
 	if err != nil {
 		return err
 	}
@@ -58,7 +69,7 @@ func scaleRound(v variant, srv *server, l scaleLayout, d time.Duration, r *scale
 			ms = append(ms, m)
 		}
 	}
-	c := &scaleRun{begin: make(chan struct{})}
+	c := &scaleRun{begin: make(chan struct{}), quota: int64(sp.ops / l.locks())}
 	var wg sync.WaitGroup
 	for _, m := range ms {
 		wg.Add(1)
@@ -71,11 +82,16 @@ func scaleRound(v variant, srv *server, l scaleLayout, d time.Duration, r *scale
 	meter := startMeter(srv, &w)
 	start := time.Now()
 	close(c.begin)
-	time.Sleep(d)
-	c.stop.Store(true)
+	if !sp.counting() {
+		time.Sleep(sp.d)
+		c.stop.Store(true)
+	}
 	wg.Wait()
 	elapsed := time.Since(start)
 	spent := meter.stop()
+	if spent.err != nil {
+		return spent.err
+	}
 	r.add(c, elapsed, spent)
 	return nil
 }
@@ -90,18 +106,21 @@ func cycleOnce(ctx context.Context, m mutex) error {
 // scaleRun is the goroutines of one round and what they counted.
 type scaleRun struct {
 	begin    chan struct{}
+	quota    int64 // cycles of each goroutine; 0: until stop
 	stop     atomic.Bool
 	cycles   atomic.Int64
 	errs     atomic.Int64
 	firstErr atomic.Value // string
 }
 
-// work cycles m from begin until stop. A failed cycle is counted and the
-// goroutine goes on: the lock is its own, so the next Lock must succeed.
+// work cycles m from begin until stop, or quota cycles. A failed cycle is
+// counted and the goroutine goes on: the lock is its own, so the next Lock
+// must succeed.
 func (c *scaleRun) work(ctx context.Context, m mutex) {
 	<-c.begin
-	var n int64
-	for !c.stop.Load() {
+	var n, tries int64
+	for !c.stop.Load() && (c.quota == 0 || tries < c.quota) {
+		tries++
 		if err := cycleOnce(ctx, m); err != nil {
 			c.errs.Add(1)
 			c.firstErr.CompareAndSwap(nil, err.Error())
@@ -150,7 +169,7 @@ func (r *results) runScale(vs []variant, srv *server) {
 		for round := range r.Plan.ScaleRounds {
 			for _, v := range inTurn(vs, round) {
 				if res := byName[v.name]; res != nil {
-					if err := scaleRound(v, srv, l, r.Plan.ScaleTime, res); err != nil {
+					if err := scaleRound(v, srv, l, span{d: r.Plan.ScaleTime}, res); err != nil {
 						r.problem(v, fmt.Sprintf("scale %d", l.locks()), err)
 					}
 				}

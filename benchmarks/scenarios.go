@@ -94,14 +94,54 @@ func checkExclusion(v variant, addr string) error {
 	return mb.unlock(ctx)
 }
 
+// span is how long a scenario measures: for a duration, or, counting
+// instructions under callgrind, for a number of operations (where the server
+// is 20 to 50 times slower than usual, and two counts compare only over the
+// same operations).
+type span struct {
+	d   time.Duration
+	ops int
+}
+
+func (s span) counting() bool { return s.ops > 0 }
+
+// over reports whether a span that began elapsed ago and has done done
+// operations is over.
+func (s span) over(elapsed time.Duration, done int) bool {
+	if s.counting() {
+		return done >= s.ops
+	}
+	return elapsed >= s.d
+}
+
+// warmUp is how many operations go before the span: they load scripts, open
+// connections and warm caches, and under callgrind each costs milliseconds.
+func (s span) warmUp() int {
+	if s.counting() {
+		return 20
+	}
+	return 200
+}
+
+// drainLimit bounds the wait, after the span, for the goroutines that were
+// still waiting when it ended.
+func (s span) drainLimit() time.Duration {
+	if s.counting() {
+		return time.Minute
+	}
+	return 10 * time.Second
+}
+
 // meter measures a span of a scenario: heap allocations of the process,
-// what the clients sent and what Redis did.
+// what the clients sent and what Redis did; under callgrind, also the
+// instructions the server executed.
 type meter struct {
 	srv *server
 	w   *wire
 	ms0 runtime.MemStats
 	u0  usage
 	w0  wireSnapshot
+	err error // counting the instructions failed
 }
 
 // spent is what a meter measured.
@@ -109,13 +149,19 @@ type spent struct {
 	mallocs, heap uint64 // heap allocations and bytes
 	used          usage  // Redis CPU and commands executed
 	sent          wireSnapshot
+	counted       counted // under callgrind
+	err           error   // counting failed
 }
 
 // startMeter starts measuring the work of srv and of the clients counted by w.
-// It reads the process's allocations last, so that asking Redis is not
-// counted.
+// It asks Redis (INFO) before the instructions are counted, and reads the
+// process's allocations last, so that neither asking Redis nor callgrind's
+// controls are counted.
 func startMeter(srv *server, w *wire) *meter {
 	m := &meter{srv: srv, w: w, u0: srv.usage(), w0: w.snapshot()}
+	if srv.cg != nil {
+		m.err = srv.cg.begin()
+	}
 	runtime.ReadMemStats(&m.ms0)
 	return m
 }
@@ -126,12 +172,18 @@ func (m *meter) stop() spent {
 	var ms1 runtime.MemStats
 	runtime.ReadMemStats(&ms1)
 	w1 := m.w.snapshot()
+	var c counted
+	if m.srv.cg != nil && m.err == nil {
+		c, m.err = m.srv.cg.end()
+	}
 	u1 := m.srv.usage()
 	return spent{
 		mallocs: ms1.Mallocs - m.ms0.Mallocs,
 		heap:    ms1.TotalAlloc - m.ms0.TotalAlloc,
 		used:    u1.sub(m.u0),
 		sent:    w1.sub(m.w0),
+		counted: c,
+		err:     m.err,
 	}
 }
 
@@ -140,7 +192,8 @@ func (s spent) add(t spent) spent {
 	if s.used.cmds == nil {
 		s.used = usage{cmds: map[string]cmdStat{}}
 	}
-	return spent{mallocs: s.mallocs + t.mallocs, heap: s.heap + t.heap, used: s.used.add(t.used), sent: s.sent.add(t.sent)}
+	return spent{mallocs: s.mallocs + t.mallocs, heap: s.heap + t.heap, used: s.used.add(t.used), sent: s.sent.add(t.sent),
+		counted: s.counted.add(t.counted), err: errors.Join(s.err, t.err)}
 }
 
 // perCycle is what one cycle cost, on average.
@@ -152,6 +205,7 @@ type perCycle struct {
 	Executed float64            // commands executed per cycle, inside scripts included
 	CPU      time.Duration      // redis-server CPU per cycle
 	Server   map[string]cmdStat // INFO commandstats over all cycles
+	perOp                       // under callgrind
 }
 
 // per returns what s spent per cycle over n cycles.
@@ -164,5 +218,6 @@ func (s spent) per(n float64) perCycle {
 		Executed: float64(s.used.executed()) / n,
 		CPU:      time.Duration(float64(s.used.cpu) / n),
 		Server:   s.used.cmds,
+		perOp:    s.counted.per(n),
 	}
 }

@@ -7,8 +7,10 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -22,8 +24,36 @@ import (
 // internal/redistest), or the one REDIS_ADDR names.
 type server struct {
 	addr string
-	srv  *redistest.Server // nil for REDIS_ADDR
+	srv  *redistest.Server // nil for REDIS_ADDR and under callgrind
+	cg   *callgrind        // redis-server run by callgrind (see callgrind.go), or nil
 	info *redis.Client     // for INFO, on a connection of its own
+}
+
+// serverSet is the servers running, for the interrupt and the timeout to
+// stop.
+type serverSet struct {
+	mu  sync.Mutex
+	all []*server
+}
+
+func (ss *serverSet) add(s *server) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	ss.all = append(ss.all, s)
+}
+
+func (ss *serverSet) remove(s *server) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	ss.all = slices.DeleteFunc(ss.all, func(t *server) bool { return t == s })
+}
+
+func (ss *serverSet) stopAll() {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	for _, s := range ss.all {
+		s.stop()
+	}
 }
 
 // startServer starts redis-server without persistence on a free loopback
@@ -31,7 +61,7 @@ type server struct {
 func startServer() (*server, error) {
 	if addr := os.Getenv("REDIS_ADDR"); addr != "" {
 		s := &server{addr: addr}
-		return s, s.connect()
+		return s, s.connect(time.Second)
 	}
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
@@ -47,16 +77,17 @@ func startServer() (*server, error) {
 		return nil, err
 	}
 	s := &server{addr: srv.Addr(), srv: srv}
-	if err := s.connect(); err != nil {
+	if err := s.connect(time.Second); err != nil {
 		s.stop()
 		return nil, err
 	}
 	return s, nil
 }
 
-func (s *server) connect() error {
-	rdb := redis.NewClient(&redis.Options{Addr: s.addr, MaxRetries: -1})
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+// connect opens the connection for INFO, waiting up to timeout for PING.
+func (s *server) connect(timeout time.Duration) error {
+	rdb := redis.NewClient(&redis.Options{Addr: s.addr, MaxRetries: -1, ReadTimeout: timeout, WriteTimeout: timeout})
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	if err := rdb.Ping(ctx).Err(); err != nil {
 		_ = rdb.Close()
@@ -77,6 +108,20 @@ func (s *server) stop() {
 		_ = os.RemoveAll(s.srv.Dir())
 		s.srv = nil
 	}
+	if s.cg != nil {
+		s.cg.stop()
+	}
+}
+
+// config is what a scenario's clients on s are given: on a server slowed
+// down by callgrind, long timeouts and, where it dumps after every script
+// call, the log that names those calls.
+func (s *server) config(w *wire) config {
+	cfg := config{addr: s.addr, wire: w}
+	if s.cg != nil {
+		cfg.slow, cfg.scripts = true, s.cg.log
+	}
+	return cfg
 }
 
 // version returns the server's redis_version.
@@ -302,17 +347,31 @@ func (r *respCounter) feed(p []byte) int64 {
 }
 
 // goRedis returns a go-redis client with default options whose connections
-// w counts.
-func goRedis(addr string, w *wire) *redis.Client {
+// cfg.wire counts. On a slow server (callgrind) its timeouts are long; where
+// the server dumps after every script call, cfg.scripts sees the scripts it
+// sends.
+func goRedis(cfg config) *redis.Client {
 	var d net.Dialer
-	return redis.NewClient(&redis.Options{
-		Addr: addr,
+	opt := &redis.Options{
+		Addr: cfg.addr,
 		Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
 			c, err := d.DialContext(ctx, network, addr)
 			if err != nil {
 				return nil, err
 			}
-			return w.conn(c), nil
+			return cfg.wire.conn(c), nil
 		},
-	})
+	}
+	if cfg.slow {
+		opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout = slowTimeout, slowTimeout, slowTimeout
+	}
+	rdb := redis.NewClient(opt)
+	if cfg.scripts != nil {
+		rdb.AddHook(cfg.scripts)
+	}
+	return rdb
 }
+
+// slowTimeout bounds a call to a server run by callgrind, 20 to 50 times
+// slower than usual, and paused while it writes a dump.
+const slowTimeout = time.Minute

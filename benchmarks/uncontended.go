@@ -18,18 +18,18 @@ type cycleResult struct {
 	spent  spent
 }
 
-// uncontendedRound runs Lock+Unlock cycles on one fresh client for d and adds
-// them to r.
-func uncontendedRound(v variant, srv *server, d time.Duration, r *cycleResult) error {
+// uncontendedRound runs Lock+Unlock cycles on one fresh client for the span
+// sp and adds them to r.
+func uncontendedRound(v variant, srv *server, sp span, r *cycleResult) error {
 	ctx := context.Background()
 	var w wire
-	cl, err := v.connect(config{addr: srv.addr, wire: &w})
+	cl, err := v.connect(srv.config(&w))
 	if err != nil {
 		return err
 	}
 	defer cl.close()
 	m := cl.mutex(lockName("cycle"))
-	for i := 0; i < 200; i++ { // load scripts, open connections, warm caches
+	for range sp.warmUp() {
 		if err := m.lock(ctx); err != nil {
 			return err
 		}
@@ -41,8 +41,7 @@ func uncontendedRound(v variant, srv *server, d time.Duration, r *cycleResult) e
 	runtime.GC()
 	meter := startMeter(srv, &w)
 	start := time.Now()
-	end := start.Add(d)
-	for t0 := start; t0.Before(end); {
+	for t0 := start; !sp.over(t0.Sub(start), len(lat)); {
 		if err := m.lock(ctx); err != nil {
 			return err
 		}
@@ -55,6 +54,9 @@ func uncontendedRound(v variant, srv *server, d time.Duration, r *cycleResult) e
 	}
 	elapsed := time.Since(start)
 	spent := meter.stop()
+	if spent.err != nil {
+		return spent.err
+	}
 	r.lat = append(r.lat, lat...)
 	r.rounds = append(r.rounds, elapsed/time.Duration(len(lat)))
 	r.spent = r.spent.add(spent)
