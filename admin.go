@@ -99,7 +99,7 @@ type Waiter struct {
 	Read  bool      // it waits to read a DistRWMutex; false: to write it, or for a DistMutex
 	Host  string    // host of the waiter's Client; "" if its id does not say
 	PID   int       // process id of the waiter's Client; 0 if its id does not say
-	Since time.Time // when it joined the queue, by the Redis server's clock
+	Since time.Time // when its Lock began, by its own process's clock
 }
 
 // CheckName reports why NewMutex would refuse name: nil for a valid lock
@@ -187,8 +187,8 @@ type adminKind struct {
 
 // adminKinds are the kinds of lock, in the order Inspect reports them.
 var adminKinds = [...]adminKind{
-	{name: "mutex", keys: lockKeys, roles: "hfqa", side: func(Holder) lockKind { return kindMutex }},
-	{name: "rwmutex", keys: rwKeys, roles: "hfqar", side: func(h Holder) lockKind {
+	{name: "mutex", keys: lockKeys, roles: "hfq", side: func(Holder) lockKind { return kindMutex }},
+	{name: "rwmutex", keys: rwKeys, roles: "hfqr", side: func(h Holder) lockKind {
 		if h.Read {
 			return kindRead
 		}
@@ -335,8 +335,8 @@ func readRole(info *LockInfo, r byte, v interface{}) {
 		}
 	case 'q':
 		queue, _ := v.([]interface{})
-		for i := 0; i+1 < len(queue); i += 2 {
-			w, flag, ok := parseWaiter(fmt.Sprint(queue[i]), fmt.Sprint(queue[i+1]))
+		for _, e := range queue {
+			w, flag, ok := parseWaiter(fmt.Sprint(e))
 			if !ok {
 				continue
 			}
@@ -366,18 +366,19 @@ func (h Holder) field() string {
 	return h.Owner
 }
 
-// parseWaiter decodes a queue entry, <claim ms>:<flag>:<wait id>:<owner>
-// (see enqueue.lua and rw.lua: the flag of a DistRWMutex's reader is r or R,
-// of its writer w or W), and its arrival in server µs.
-func parseWaiter(entry, arrival string) (w Waiter, flag string, ok bool) {
+// parseWaiter decodes a queue entry (see queue.lua),
+// <claim ms>:<flag>:<wait id>.<arrival ms>:<owner>, with its flag (a
+// waiting writer's is w or W).
+func parseWaiter(entry string) (w Waiter, flag string, ok bool) {
 	parts := strings.SplitN(entry, ":", 4)
 	if len(parts) != 4 {
 		return Waiter{}, "", false
 	}
-	arrived, _ := strconv.ParseFloat(arrival, 64)
+	_, at, _ := strings.Cut(parts[2], ".")
+	arrived, _ := strconv.ParseInt(at, 10, 64)
 	host, pid := ownerOrigin(parts[3])
 	flag = parts[1]
-	w = Waiter{Owner: parts[3], Read: flag == "r" || flag == "R", Host: host, PID: pid, Since: time.UnixMicro(int64(arrived))}
+	w = Waiter{Owner: parts[3], Read: flag == "r" || flag == "R", Host: host, PID: pid, Since: time.UnixMilli(arrived)}
 	return w, flag, true
 }
 
@@ -409,7 +410,7 @@ func settle(info *LockInfo) {
 }
 
 // ownerOrigin returns the host and pid in the Client id of an owner token
-// (<32 hex>.<host>.<pid>:<goroutine>, see clientID), or "" and 0.
+// (<22 base64url>.<host>.<pid>:<goroutine>, see clientID), or "" and 0.
 func ownerOrigin(owner string) (host string, pid int) {
 	id, _, _ := strings.Cut(owner, ":")
 	first, last := strings.IndexByte(id, '.'), strings.LastIndexByte(id, '.')

@@ -22,8 +22,8 @@ import (
 // Tests of the inspection and admin API (admin.go) and of Client ids that
 // name their host and process.
 
-// clientIDForm is the form of a Client id: <32 hex>.<host>.<pid>.
-var clientIDForm = regexp.MustCompile(`^[0-9a-f]{32}\.[A-Za-z0-9._-]+\.\d+$`)
+// clientIDForm is the form of a Client id: <22 base64url>.<host>.<pid>.
+var clientIDForm = regexp.MustCompile(`^[A-Za-z0-9_-]{22}\.[A-Za-z0-9._-]+\.\d+$`)
 
 func TestClientID(t *testing.T) {
 	c := clientOn(t, rdbAt(t, "127.0.0.1:1")) // sends nothing
@@ -44,7 +44,7 @@ func TestClientID(t *testing.T) {
 	} {
 		got := hostPart(tc.in)
 		assert.Equal(t, tc.want, got, "hostPart(%q)", tc.in)
-		id := clientID(strings.Repeat("0", 32), got, 42)
+		id := clientID(strings.Repeat("A", 22), got, 42)
 		assert.Regexp(t, clientIDForm, id, "Client id with host %q", tc.in)
 		h, pid := ownerOrigin(id + ":7")
 		assert.Equal(t, got, h, "host parsed back from %q", id)
@@ -165,7 +165,7 @@ func TestForceUnlock(t *testing.T) {
 		_, err = ps.Receive(ctx)
 		require.NoError(t, err)
 		w := goLock(t, cb.NewMutex(name, WithFencing()))
-		waitFor(t, "the waiter queued", func() bool { return rdb.ZCard(ctx, k.queue).Val() == 1 })
+		waitFor(t, "the waiter queued", func() bool { return rdb.LLen(ctx, k.queue).Val() == 1 })
 
 		released, err = admin.ForceUnlock(ctx, name, owner)
 		require.NoError(t, err)
@@ -181,7 +181,7 @@ func TestForceUnlock(t *testing.T) {
 		errs.await(t, ErrLockLost, hangGuard, "the holder's error handler to hear of the loss")
 		w.release()
 		require.NoError(t, await(t, w.unlocked, "the waiter to unlock"))
-		assert.Equal(t, int64(0), rdb.Exists(ctx, k.hash, k.queue, k.alive).Val(), "keys left")
+		assert.Equal(t, int64(0), rdb.Exists(ctx, k.hash, k.queue).Val(), "keys left")
 	})
 }
 
@@ -226,7 +226,7 @@ func TestAdminErrors(t *testing.T) {
 			{"string at the read/write lock's writer key", func(k lockKeyNames) string { return k.hash + ":rw" }, func(key string) error { return rdb.Set(ctx, key, "precious", 0).Err() }, "string"},
 			{"hash at the read/write lock's readers key", func(k lockKeyNames) string { return k.hash + ":rw:readers" }, func(key string) error { return rdb.HSet(ctx, key, "f", "precious").Err() }, "hash"},
 			{"text at the read/write lock's fence key", func(k lockKeyNames) string { return k.hash + ":rw:fence" }, func(key string) error { return rdb.Set(ctx, key, "precious", 0).Err() }, nonInteger},
-			{"string at the read/write lock's queue liveness key", func(k lockKeyNames) string { return k.hash + ":rw:queue:alive" }, func(key string) error { return rdb.Set(ctx, key, "precious", 0).Err() }, "string"},
+			{"string at the read/write lock's queue key", func(k lockKeyNames) string { return k.hash + ":rw:waiting" }, func(key string) error { return rdb.Set(ctx, key, "precious", 0).Err() }, "string"},
 		} {
 			name := lockName(t) + "." + tc.what
 			k := keysOf(name)
@@ -598,7 +598,7 @@ func TestForceUnlockRWMutex(t *testing.T) {
 		await(t, last.lost, "the last reader's Lost to close")
 		assert.ErrorIs(t, last.unlock(t, "the last reader's RUnlockContext"), ErrLockLost)
 		require.NoError(t, w2.unlock(t, "the second writer's Unlock"))
-		assert.Zero(t, rdb.Exists(ctx, k.w, k.readers, k.queue, k.alive).Val(), "keys left")
+		assert.Zero(t, rdb.Exists(ctx, k.w, k.readers, k.queue).Val(), "keys left")
 	})
 }
 

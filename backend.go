@@ -2,7 +2,6 @@ package remutex
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -47,8 +46,41 @@ type acquireReq struct {
 	have, want int
 	lease      interface{} // ms; "0" keeps the TTL (nested, WithoutRenewal)
 	fence      fenceMode
-	waitID     interface{} // "" never queues (TryLock)
-	quick      bool        // an attempt's first call: quick_lock.lua may do, if the lock is calm
+	entry      string     // the queue entry argument, if given whole; see entryArg
+	place      queuePlace // else what it is built from
+	quick      bool       // an attempt's first call: quick_lock.lua may do, if the lock is calm
+}
+
+// queuePlace is where an acquisition stands in the lock's queue: a call
+// that may queue it builds its entry from it (see entryString), and an
+// uncontended Lock's quick_lock.lua, which needs none, builds nothing.
+type queuePlace struct {
+	wait    uint64 // the wait id; 0: never queued (TryLock)
+	arrival int64  // unix ms, on this process's clock
+	owner   string
+	known   bool // queued already: a call that finds it gone must not add it again
+}
+
+// entryArg is acquire.lua's queue entry argument for r: "" never queues
+// (TryLock), "+<entry>" once the entry is known queued (see enqueue.lua).
+func (r *acquireReq) entryArg(s *lockSpec) string {
+	p := &r.place
+	if r.entry != "" || p.wait == 0 {
+		return r.entry
+	}
+	e := entryString(s, p.wait, p.arrival, p.owner)
+	if p.known {
+		return "+" + e
+	}
+	return e
+}
+
+// entryString is a queue entry (see queue.lua):
+// <claim ms>:<flag>:<wait id>.<arrival ms>:<owner>, the arrival for
+// Client.Inspect.
+func entryString(s *lockSpec, wait uint64, arrival int64, owner string) string {
+	return s.claimMs + ":" + s.flag + ":" + strconv.FormatUint(wait, 10) + "." +
+		strconv.FormatInt(arrival, 10) + ":" + owner
 }
 
 // backend is where a Client's locks live: one Redis deployment (node) or a
@@ -93,15 +125,18 @@ type subscriptions interface {
 	close()
 }
 
-// parseReply decodes the {code, value} reply of acquire.
+// parseReply decodes the reply of acquire.lua (wlock.lua, rlock.lua): the
+// fence token (0 without fencing) when granted, else -(4*pttl + code) - 1.
 func parseReply(v interface{}) (reply, error) {
-	a, ok := v.([]interface{})
-	if !ok || len(a) != 2 {
-		return reply{}, fmt.Errorf("remutex: unexpected script reply %v", v)
+	x, err := toInt64(v)
+	if err != nil {
+		return reply{}, err
 	}
-	code, err1 := toInt64(a[0])
-	val, err2 := toInt64(a[1])
-	return reply{code: code, val: val}, errors.Join(err1, err2)
+	if x >= 0 {
+		return reply{code: replyGranted, val: x}, nil
+	}
+	x = -x - 1
+	return reply{code: [...]int64{replyBusy, replyQueued, replyGone, replyLost}[x%4], val: x / 4}, nil
 }
 
 func toInt64(v interface{}) (int64, error) {

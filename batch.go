@@ -6,6 +6,8 @@ import (
 	"runtime"
 	"sync"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // A Client's goroutines that call lock scripts at the same moment share
@@ -26,9 +28,11 @@ import (
 // into two trains of half the size. At most two round trips of a node are in
 // flight: a call sent alone and the drainer's. Every call still goes through
 // node.send, so each has its own reply or error and the NOSCRIPT fallback;
-// the caller's retries, above, are unchanged. WithReplicaAck's acquisitions
-// (acquire and WAIT pipelined on the master's connection) queue as jobs of
-// their own, run by the drainer after the round's pipeline.
+// the caller's retries, above, are unchanged; the uncontended releases of a
+// round ask whether anybody waits with one EXISTS (see lookTogether).
+// WithReplicaAck's acquisitions (acquire and WAIT pipelined on the master's
+// connection) queue as jobs of their own, run by the drainer after the
+// round's pipeline.
 //
 // Deadlines: a caller whose context ends returns ctx's error at once,
 // whatever go-redis does meanwhile (its ReadTimeout, retries and dials do
@@ -244,7 +248,11 @@ func (b *batcher) drain() {
 func (b *batcher) round(ps []*pending, calls []*call) {
 	if len(calls) > 0 {
 		ctx, cancel := batchContext(ps)
-		b.n.send(ctx, b.n.rdb, calls, false, false)
+		if looks := b.looks(calls); looks != nil {
+			b.lookTogether(ctx, calls, looks)
+		} else {
+			b.n.send(ctx, b.n.rdb, calls, false, false)
+		}
 		cancel()
 	}
 	for _, p := range ps {
@@ -253,6 +261,56 @@ func (b *batcher) round(ps []*pending, calls []*call) {
 			p.job(ctx)
 			cancel()
 		}
+	}
+}
+
+// looks returns the looks among calls (the EXISTS after an uncontended
+// release's HDEL, see quickRelease) when there are several to send as one,
+// else nil. A cluster's keys are in many slots, and its calls are not
+// merged.
+func (b *batcher) looks(calls []*call) []*call {
+	if b.n.cluster {
+		return nil
+	}
+	var looks []*call
+	for _, cl := range calls {
+		if cl.look {
+			looks = append(looks, cl)
+		}
+	}
+	if len(looks) < 2 {
+		return nil
+	}
+	return looks
+}
+
+// lookTogether sends calls with its looks as one EXISTS of all their keys,
+// last in the pipeline, after every HDEL they follow: a waiter queued before
+// a release is still seen, and one that queued after it found the lock free
+// (see quick). Redis runs one command where it would run one a release.
+// When the count is 0, as it is when nobody waits, each look's reply is 0;
+// otherwise the looks are sent again one by one, in a second round trip, to
+// tell which locks have waiters.
+func (b *batcher) lookTogether(ctx context.Context, calls, looks []*call) {
+	rest := make([]*call, 0, len(calls)-len(looks)+1)
+	args := make([]interface{}, 1, 1+len(looks))
+	args[0] = "exists"
+	for _, cl := range calls {
+		if cl.look {
+			args = append(args, cl.args[1:]...)
+		} else {
+			rest = append(rest, cl)
+		}
+	}
+	all := &call{args: args}
+	b.n.send(ctx, b.n.rdb, append(rest, all), false, true)
+	if n, err := all.cmd.Int64(); err != nil || n > 0 {
+		b.n.send(ctx, b.n.rdb, looks, false, true)
+		return
+	}
+	for _, cl := range looks {
+		cl.cmd = redis.NewCmd(ctx, cl.args...)
+		cl.cmd.SetVal(int64(0))
 	}
 }
 

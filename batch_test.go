@@ -5,11 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/remutex/remutex/internal/redistest"
 )
@@ -279,6 +282,66 @@ func TestBatchCancel(t *testing.T) {
 		if ok, err := b.client(t).NewMutex(ms[2].spec.name).TryLockContext(testCtx(t, hangGuard)); !ok || err != nil {
 			t.Errorf("TryLockContext of the cancelled caller's lock from another Client: got (%v, %v), want (true, nil)", ok, err)
 		}
+	})
+}
+
+// TestBatchReleasesLookTogether: the uncontended releases of several
+// goroutines sent in one round ask whether anybody waits with one EXISTS of
+// all their queues; one of the locks has a waiter, so the releases ask
+// again one by one, and that waiter is handed the lock.
+func TestBatchReleasesLookTogether(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *testBackend) {
+		const n = 4
+		name := lockName(t)
+		rdb := b.rdb(t)
+		var mu sync.Mutex
+		var looks []int // the keys of each EXISTS sent
+		rdb.AddHook(hookFuncs{pipeline: func(ctx context.Context, cmds []redis.Cmder, next redis.ProcessPipelineHook) error {
+			for _, cmd := range cmds {
+				if args := cmd.Args(); strings.EqualFold(fmt.Sprint(args[0]), "exists") {
+					mu.Lock()
+					looks = append(looks, len(args)-1)
+					mu.Unlock()
+				}
+			}
+			return next(ctx, cmds)
+		}})
+		c := clientOn(t, rdb)
+		a, bm := c.NewMutex(name+"-a"), c.NewMutex(name+"-b")
+		g := newCallGate(a.spec.hash(), bm.spec.hash())
+		rdb.AddHook(g.hook())
+		ms := make([]*DistMutex, n)
+		for i := range ms {
+			ms[i] = c.NewMutex(fmt.Sprintf("%s-%d", name, i), NonReentrant()) // unlocked by other goroutines
+			ms[i].Lock()
+		}
+		k := keysOf(ms[0].spec.name)
+		w := goLock(t, b.client(t).NewMutex(ms[0].spec.name))
+		waitFor(t, "the waiter queued", func() bool { return rdb.LLen(context.Background(), k.queue).Val() == 1 })
+
+		ra, rb := stall(t, c, g, a, bm)
+		res := make(chan error, n)
+		for _, m := range ms {
+			go func() { res <- m.UnlockContext(testCtx(t, hangGuard)) }()
+		}
+		waitFor(t, "the releases queued", func() bool { return queued(c) == n })
+		mu.Lock()
+		looks = nil
+		mu.Unlock()
+		close(g.open)
+		for _, r := range []<-chan error{ra, rb} {
+			require.NoError(t, await(t, r, "the held calls' Lock"))
+		}
+		for range ms {
+			assert.NoError(t, await(t, res, "UnlockContext"))
+		}
+		require.NoError(t, await(t, w.locked, "the waiter to be handed the lock"))
+		mu.Lock()
+		got := slices.Clone(looks)
+		mu.Unlock()
+		assert.Equal(t, []int{n, 1, 1, 1, 1}, got, "keys of the EXISTS sent: one for all, then one each (a lock has a waiter)")
+		w.release()
+		require.NoError(t, await(t, w.unlocked, "the waiter's UnlockContext"))
 	})
 }
 

@@ -140,7 +140,7 @@ func (n *node) checkPermissions(ctx context.Context, c *Client) error {
 	if n.sharded(ctx) {
 		pub = "spublish"
 	}
-	v, err := n.evalOn(ctx, []interface{}{base, base + ":z", base + ":s"}, checkScript, pub, channel)
+	v, err := n.evalOn(ctx, []interface{}{base, base + ":z", base + ":s", base + ":l"}, checkScript, pub, channel)
 	switch {
 	case err != nil && redis.HasErrorPrefix(err, "NOPERM") && strings.Contains(err.Error(), "keys"):
 		return fmt.Errorf("remutex: the user may not use keys under the key prefix %q (the ACL needs ~%s*): %w", c.prefix, c.prefix, err)

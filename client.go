@@ -3,7 +3,7 @@ package remutex
 import (
 	"context"
 	"crypto/rand"
-	"encoding/hex"
+	"encoding/base64"
 	"fmt"
 	"log/slog"
 	"os"
@@ -129,7 +129,7 @@ func NewClient(rdb redis.UniversalClient, opts ...Option) *Client {
 		panic("remutex: NewClient: nil redis client")
 	}
 	c := newClient("NewClient", opts)
-	c.be = newNode(c, rdb, starveAfter)
+	c.be = newNode(c, rdb, true)
 	return c
 }
 
@@ -140,7 +140,7 @@ func newClient(fn string, opts []Option) *Client {
 		panic("remutex: " + fn + ": crypto/rand: " + err.Error())
 	}
 	c := &Client{
-		id:       clientID(hex.EncodeToString(id[:]), hostname(), os.Getpid()),
+		id:       clientID(base64.RawURLEncoding.EncodeToString(id[:]), hostname(), os.Getpid()),
 		prefix:   DefaultKeyPrefix,
 		closing:  make(chan struct{}),
 		stopping: make(chan struct{}),
@@ -159,8 +159,11 @@ func newClient(fn string, opts []Option) *Client {
 	return c
 }
 
-// clientID is a Client's id: the random part, then the host and pid of its
-// process, so that an operator can tell where a hold lives (see Inspect).
+// clientID is a Client's id: the random part (128 bits in unpadded
+// base64url, 22 characters: every owner token, queue entry and channel
+// name carries it, and Redis keeps a string of up to 44 bytes in one
+// allocation), then the host and pid of its process, so that an operator
+// can tell where a hold lives (see Inspect).
 // Scripts take the text before an owner token's first ':' for the Client's
 // id, so it has no ':', nor braces (a cluster hash tag) or white space.
 func clientID(random, host string, pid int) string {

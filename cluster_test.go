@@ -56,9 +56,9 @@ func testClusterKeysShareOneSlot(t *testing.T, tc *redistest.Cluster) {
 			fa := ma.Fence()
 			w := lockAsync(t, mb, nil, "")
 			waitFor(t, "the waiter queued on "+owner.String(), func() bool {
-				return owner.RDB.Exists(ctx, hash+":queue").Val() == 1
+				return owner.RDB.Exists(ctx, hash+":waiting").Val() == 1
 			})
-			want := []string{hash, hash + ":fence", hash + ":queue", hash + ":queue:alive"}
+			want := []string{hash, hash + ":fence", hash + ":waiting"}
 			checkLockKeys(t, tc, owner, prefix, slot, want)
 			channel := hash + ":released:" + cb.id // the waiting Client's channel
 			if got := tc.Slot(t, channel); got != slot {
@@ -323,7 +323,7 @@ func TestClusterSlotMigration(t *testing.T) {
 	lostA := ma.Lost()
 	w := lockAsync(t, mb, reg, "waiter")
 	waitFor(t, "the waiter queued and subscribed on "+src.String(), func() bool {
-		return src.RDB.Exists(ctx, hash+":queue").Val() == 1 && src.ShardSubs(t, channel) == 1
+		return src.RDB.Exists(ctx, hash+":waiting").Val() == 1 && src.ShardSubs(t, channel) == 1
 	})
 
 	tc.BeginMigration(t, slot, src, dst)

@@ -32,9 +32,9 @@
 // # Ownership and reentrancy
 //
 // A hold belongs to the goroutine that took it: its owner token is
-// <client id>:<goroutine id>, where the Client's id is 128 random bits in hex
-// followed by the host and process id of the Client's process
-// ("<32 hex digits>.<host>.<pid>"), so that Client.Inspect can tell an
+// <client id>:<goroutine id>, where the Client's id is 128 random bits in
+// base64url followed by the host and process id of the Client's process
+// ("<22 characters>.<host>.<pid>"), so that Client.Inspect can tell an
 // operator where a holder runs. A goroutine that locks a lock it holds
 // raises its hold count (one round trip) and must unlock as many times.
 // Unlock from a goroutine that holds nothing panics like sync.Mutex's.
@@ -55,25 +55,26 @@
 // # Waiting
 //
 // Waiters never poll. The call that finds the lock busy also puts the caller
-// in a queue kept in Redis next to the lock (in arrival order, each entry with
-// a liveness deadline on the server's clock that its waiter refreshes), and
-// the waiter sleeps until a message, the holder's remaining lease, or its
-// next refresh. A release publishes only when someone waits, and then one
-// message, to the Client of the queue's head alone. As in sync.Mutex, there
-// are two modes, chosen by the release script on the server's clock: while
-// the head has waited less than a few milliseconds (normal mode) it is woken
-// and races newcomers for the free lock; after that (starvation mode) the
-// release hands the lock to it directly, newcomers queue behind, and the
-// waiter holds the lock from the message alone. So no waiter in any process
-// is starved, and a hand-off costs Redis one script call and one message.
+// at the end of a queue kept in Redis next to the lock (a list, in arrival
+// order, whose TTL every waiter's call renews), and the waiter sleeps until a
+// message, the holder's remaining lease, or its next refresh. A release
+// publishes only when someone waits, and then one message, to the Client of
+// the queue's head alone: on a single server (standalone, Sentinel, Cluster)
+// it hands the lock to the head directly, newcomers queue behind, and the
+// waiter holds the lock from the message alone. So the queue is first in,
+// first out across every process, no waiter is starved, and a hand-off
+// costs Redis one script call and one message. A head whose Client no
+// longer listens (PUBLISH reaches nobody: its process died) is dropped by
+// that same call, and the next one served. On a quorum the release only
+// wakes the head, which takes the lock with its next call on a majority.
 //
 // # Protocol
 //
 // A lock named N under prefix P is the hash P{N} (owner token → hold count)
-// with a lease (PEXPIRE), the fence counter P{N}:fence, and the queue
-// P{N}:queue (entry → arrival) with P{N}:queue:alive (entry → liveness
-// deadline); its Client hears of it on P{N}:released:<client id> (SPUBLISH
-// on a Redis 7 cluster). All share one cluster slot. The scripts of
+// with a lease (PEXPIRE), the fence counter P{N}:fence, and the queue, the
+// list P{N}:waiting (entries <claim ms>:<flag>:<wait id>.<arrival ms>:<owner
+// token>, the arrival on the waiter's clock, for Inspect); its Client hears
+// of it on P{N}:released:<client id> (SPUBLISH on a Redis 7 cluster). All share one cluster slot. The scripts of
 // scripts/*.lua (embedded) change them: for a DistMutex acquire.lua (take,
 // raise or queue), release.lua, leave.lua (a waiter that gives up) and the
 // watchdog's renew.lua. Their uncontended paths come first and touch only
@@ -95,9 +96,11 @@
 // DistRWMutex's readers send quick_rlock.lua and ZREM + EXISTS alike. A
 // quick call that finds more than it can do hands over to the full script,
 // in a second call; a lock seen contended (a busy reply, a waiter, a
-// hand-off) is sent the full scripts at once. The uncontended paths do not
-// read the queue's liveness key: foreign data there is reported by the first
-// call that needs it.
+// hand-off) is sent the full scripts at once. A lone reader needs no clock:
+// its deadline is written as 0, which means the readers key's own expiry,
+// and given its value when another reader joins. When several goroutines
+// of a Client release at once, their EXISTS are sent as one (on a single
+// server), and asked again one by one only if somebody waits.
 //
 // Every call is safe to apply twice (go-redis resends a call whose reply was
 // lost): scripts set absolute hold counts, and an acquire that finds its own
@@ -108,8 +111,9 @@
 // A grant from the queue carries a short claim lease (the entry's time to
 // live) and is valid from the send time of the waiter's last refresh; the
 // watchdog extends it to the full lease only if the hold lasts long enough
-// to need it, so a waiter that died after its last refresh blocks the lock
-// for a claim window, not a lease, and a short hold costs no extra call.
+// to need it, so a waiter that gave up without a word while its Client
+// still listens blocks the lock for a claim window, not a lease, and a short
+// hold costs no extra call.
 // A grant message names the queue entry it answers, so a goroutine that waits
 // again never takes an earlier wait's grant for a new one.
 //
@@ -119,11 +123,11 @@
 // writer in the hash P{N}:rw, exactly like a mutex; its read side keeps one
 // member per read hold in the sorted set P{N}:rw:readers, scored with the
 // hold's deadline on the server's clock (now + lease, moved on by each
-// renewal), so that a reader that dies stops blocking writers after its
-// lease even while other readers keep the key alive. Both sides share the
-// fence counter and the queue (P{N}:rw:fence, P{N}:rw:queue and
-// P{N}:rw:queue:alive), whose entries say whether they wait to read or to
-// write. The scripts wlock, rlock, wunlock, runlock and rwleave decide, with
+// renewal; 0 for a lone reader, whose deadline is the key's expiry), so that
+// a reader that dies stops blocking writers after its lease even while
+// other readers keep the key alive. Both sides share the fence counter and
+// the queue (P{N}:rw:fence and P{N}:rw:waiting), whose entries say whether
+// they wait to read or to write. The scripts wlock, rlock, wunlock, runlock and rwleave decide, with
 // rw.lua's shared slow path: a reader enters while no writer holds the lock
 // and nobody queues (writer preference: it queues behind any waiting
 // writer); a writer enters when nobody holds either side. On a single server

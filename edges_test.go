@@ -6,12 +6,15 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/remutex/remutex/internal/redistest"
 )
@@ -111,6 +114,41 @@ func TestCloseWhileWaiting(t *testing.T) {
 			t.Errorf("Lock waiting at Close returned")
 		default: // blocked for good (see TestMain's leak check)
 		}
+	})
+}
+
+// TestCloseWhileQueueing closes the Client while a LockContext's first
+// call, which queues it, is on its way: the caller returns ErrClosed before
+// the reply, and Redis queues it all the same. What leaves the queue is
+// posted behind that call, so nothing is left queued.
+func TestCloseWhileQueueing(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *testBackend) {
+		name := lockName(t)
+		k := keysOf(name)
+		ctx := context.Background()
+		holdIn(t, b.client(t).NewMutex(name))
+		rdb := b.rdb(t)
+		var c *Client
+		sent := make(chan struct{})
+		var once sync.Once
+		rdb.AddHook(hookFuncs{process: func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
+			if s, _ := scriptCall(cmd); s == "acquire" {
+				once.Do(func() { close(sent) })
+				<-c.closing // the reply comes after Close began
+			}
+			return next(ctx, cmd)
+		}})
+		c = clientOn(t, rdb)
+		m := c.NewMutex(name)
+		m.spec.quick.until.Store(math.MaxInt64) // acquire.lua, which queues, at once
+		lctx, cancel := context.WithCancel(ctx) // a context that can end: the call goes through the drainer
+		defer cancel()
+		res := make(chan error, 1)
+		go func() { res <- m.LockContext(lctx) }()
+		<-sent
+		require.NoError(t, c.Close())
+		assert.ErrorIs(t, await(t, res, "LockContext"), ErrClosed)
+		assert.Zero(t, rdb.Exists(ctx, k.queue).Val(), "queue left after Close: %v", rdb.LRange(ctx, k.queue, 0, -1).Val())
 	})
 }
 

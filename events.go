@@ -133,7 +133,7 @@ var errRenewFailed = errors.New("remutex: renewal failed (Redis error or no repl
 type Event struct {
 	Kind     EventKind
 	Lock     string        // the lock's name
-	Owner    string        // the hold's owner token: <client id>:<goroutine id>, the id being <32 hex>.<host>.<pid>
+	Owner    string        // the hold's owner token: <client id>:<goroutine id>, the id being <22 base64url>.<host>.<pid>
 	Fence    int64         // the hold's fencing token, 0 without WithFencing
 	Duration time.Duration // see the EventKind
 	Err      error         // EventWaited (gave up), EventReleased (release failed), EventRenewFailed and EventLost
@@ -145,7 +145,7 @@ type Event struct {
 	// Owner) carries. 0 for EventWaiting and EventWaited.
 	Hold uint64
 	// Granted: for EventAcquired, the lock was handed to this waiter by the
-	// queue (a grant at a release, in starvation mode) rather than taken
+	// queue (a grant at a release, on a single server) rather than taken
 	// free by its own call.
 	Granted bool
 	// Reason: for EventLost, why the hold was lost.

@@ -393,7 +393,7 @@ func TestFaultLateAcquireReply(t *testing.T) {
 	}
 	// Whatever the server granted it runs out within a lease: no phantom hold.
 	faultEventually(t, 2*faultLease+time.Second, func() error {
-		n, err := direct.Exists(context.Background(), k.hash, k.queue, k.alive).Result()
+		n, err := direct.Exists(context.Background(), k.hash, k.queue).Result()
 		if err != nil || n != 0 {
 			return fmt.Errorf("%d of the lock's keys remain (%v)", n, err)
 		}
@@ -518,7 +518,7 @@ func TestFaultConnectionReset(t *testing.T) {
 	step("Unlock 2→1", releaseSHA, unlock, 1, "1")
 	step("final Unlock", releaseSHA, unlock, 0, "")
 
-	if n, err := direct.Exists(ctx, k.hash, k.queue, k.alive).Result(); err != nil || n != 0 {
+	if n, err := direct.Exists(ctx, k.hash, k.queue).Result(); err != nil || n != 0 {
 		t.Errorf("%d of the lock's keys remain (%v): a phantom hold", n, err)
 	}
 	oc, _ := clientWithErrors(t, rdbAt(t, srv.Addr()))
@@ -754,7 +754,7 @@ func TestFaultScriptFlush(t *testing.T) {
 	if isClosed(lost) {
 		t.Error("Lost closed for a hold that was unlocked normally")
 	}
-	if n, err := direct.Exists(ctx, k.hash, k.queue, k.alive).Result(); err != nil || n != 0 {
+	if n, err := direct.Exists(ctx, k.hash, k.queue).Result(); err != nil || n != 0 {
 		t.Errorf("%d of the lock's keys remain (%v)", n, err)
 	}
 	if errs.len()+werrs.len() != 0 {
@@ -944,7 +944,7 @@ func TestFaultACL(t *testing.T) {
 				}
 				wdone, w := faultLockAndWrite(wg, testCtx(t, 10*time.Second), wm, reg, "waiter")
 				faultEventually(t, 5*time.Second, func() error { // the waiter queued up
-					if n, err := direct.Exists(ctx, k.alive).Result(); err != nil || n == 0 {
+					if n, err := direct.Exists(ctx, k.queue).Result(); err != nil || n == 0 {
 						return fmt.Errorf("no queue entry (%v)", err)
 					}
 					return nil
@@ -1017,14 +1017,14 @@ func TestFaultCancelWhileWaiting(t *testing.T) {
 	// nothing is sent once they are through.
 	awaitIdle(t, wc)
 	returned := time.Now()
-	if n, err := direct.Exists(ctx, k.queue, k.alive).Result(); err != nil || n != 0 {
+	if n, err := direct.Exists(ctx, k.queue).Result(); err != nil || n != 0 {
 		t.Errorf("queue keys left by the cancelled waits: %d (%v)", n, err)
 	}
 	// The holder releases: a grant to a waiter that gave up would hold the lock now.
 	if err := faultUnlock(t, hg, hm); err != nil {
 		t.Fatalf("holder: UnlockContext: %v", err)
 	}
-	if n, err := direct.Exists(ctx, k.hash, k.queue, k.alive).Result(); err != nil || n != 0 {
+	if n, err := direct.Exists(ctx, k.hash, k.queue).Result(); err != nil || n != 0 {
 		t.Errorf("right after the release: %d of the lock's keys remain (%v)", n, err)
 	}
 	faultEventually(t, 2*time.Second, func() error {
@@ -1036,7 +1036,7 @@ func TestFaultCancelWhileWaiting(t *testing.T) {
 	})
 
 	time.Sleep(time.Until(returned.Add(3 * faultLease))) // a leaked grant or renewal would show now
-	if n, err := direct.Exists(ctx, k.hash, k.queue, k.alive).Result(); err != nil || n != 0 {
+	if n, err := direct.Exists(ctx, k.hash, k.queue).Result(); err != nil || n != 0 {
 		t.Errorf("after 3 leases: %d of the lock's keys exist (%v)", n, err)
 	}
 	for _, c := range cmds.since(returned) {

@@ -31,18 +31,18 @@ func TestStaleGrantAfterEntryGone(t *testing.T) {
 		w := goLock(t, wc.NewMutex(name))
 		var old string
 		waitFor(t, "the waiter in the queue", func() bool {
-			e := rdb.ZRange(ctx, k.queue, 0, -1).Val()
+			e := rdb.LRange(ctx, k.queue, 0, -1).Val()
 			if len(e) == 1 {
 				old = e[0]
 			}
 			return len(e) == 1
 		})
-		require.NoError(t, rdb.Del(ctx, k.queue, k.alive).Err()) // the entry is gone
+		require.NoError(t, rdb.Del(ctx, k.queue).Err()) // the entry is gone
 		if b.mr != nil {
 			b.mr.FastForward(maxQueueTTL) // the waiter's next refresh is due
 		}
 		waitFor(t, "the waiter queued again under a new entry", func() bool {
-			e := rdb.ZRange(ctx, k.queue, 0, -1).Val()
+			e := rdb.LRange(ctx, k.queue, 0, -1).Val()
 			return len(e) == 1 && e[0] != old
 		})
 		// The grant of the old entry arrives now: it must not reach the
@@ -141,7 +141,7 @@ func TestLockContextEndsDuringFirstCall(t *testing.T) {
 			assert.ErrorIs(t, m.LockContext(wctx), context.Canceled, "busy=%v", busy)
 			assert.Equal(t, 0, m.HoldCount())
 			if busy {
-				assert.Equal(t, int64(0), rdb.Exists(ctx, k.queue, k.alive).Val(), "queue keys left behind (busy)")
+				assert.Equal(t, int64(0), rdb.Exists(ctx, k.queue).Val(), "queue keys left behind (busy)")
 				holder.Unlock()
 			}
 			assert.Equal(t, int64(0), rdb.Exists(ctx, k.hash).Val(), "hold left behind (busy=%v)", busy)

@@ -120,8 +120,7 @@ func NonReentrant() MutexOption {
 }
 
 // NewMutex returns the mutex called name. Its keys are P{name},
-// P{name}:fence, P{name}:queue and P{name}:queue:alive for the Client's
-// prefix P, and the Client hears of it on the channel
+// P{name}:fence and P{name}:waiting for the Client's prefix P, and the Client hears of it on the channel
 // P{name}:released:<client id>: one cluster slot. It sends no command. It
 // panics if name is empty, longer than MaxNameLen bytes, or starts with '}'
 // (the keys would lose their shared hash tag), or if an option is invalid.
@@ -131,72 +130,6 @@ func (c *Client) NewMutex(name string, opts ...MutexOption) *DistMutex {
 	m.init(c, name, cfg, kindMutex)
 	return m
 }
-
-// configure checks what NewMutex or NewRWMutex (fn) was given, panicking
-// with a message that says what is wrong.
-func (c *Client) configure(fn, name string, opts []MutexOption) mutexConfig {
-	if c == nil {
-		panic("remutex: " + fn + " on a nil Client")
-	}
-	cfg := mutexConfig{lease: DefaultLease}
-	for _, o := range opts {
-		if o == nil {
-			panic("remutex: " + fn + ": nil option")
-		}
-		o(&cfg)
-	}
-	if err := checkName(name); err != nil {
-		panic("remutex: " + fn + ": " + err.Error())
-	}
-	if cfg.lease < MinLease || cfg.lease > MaxLease {
-		panic(fmt.Sprintf("remutex: WithLease(%v): lease must be between %v and %v", cfg.lease, MinLease, MaxLease))
-	}
-	switch {
-	case cfg.minHold == 0:
-	case fn != "NewMutex":
-		panic("remutex: " + fn + ": WithMinHold is an option of a DistMutex (NewMutex)")
-	case cfg.minHold < MinLease || cfg.minHold > MaxLease:
-		panic(fmt.Sprintf("remutex: WithMinHold(%v): must be between %v and %v", cfg.minHold, MinLease, MaxLease))
-	case cfg.noRenew && cfg.minHold > cfg.lease:
-		panic(fmt.Sprintf("remutex: WithMinHold(%v) exceeds the fixed lease (WithLease(%v), WithoutRenewal): the lock is held at most that long", cfg.minHold, cfg.lease))
-	}
-	return cfg
-}
-
-func (m *DistMutex) init(c *Client, name string, cfg mutexConfig, kind lockKind) {
-	m.c = c
-	m.spec = c.newSpec(name, cfg, kind)
-	m.renew = !cfg.noRenew
-	m.reentrant = !cfg.nonReentrant
-}
-
-// checkName says what is wrong with a lock name, or nil.
-func checkName(name string) error {
-	switch {
-	case name == "":
-		return errors.New("empty lock name")
-	case len(name) > MaxNameLen:
-		return fmt.Errorf("lock name of %d bytes exceeds %d", len(name), MaxNameLen)
-	case name[0] == '}':
-		return fmt.Errorf("lock name %q starts with '}': its keys would not share a cluster slot", name)
-	}
-	return nil
-}
-
-// Tuning of the wait path. They are not options: the benchmarks chose them.
-const (
-	// starveAfter is how long the head of a lock's queue may wait before
-	// releases hand the lock to it instead of letting newcomers barge
-	// (starvation mode, decided by the scripts on the server's clock).
-	starveAfter = 3 * time.Millisecond
-	// maxQueueTTL bounds the liveness of a queue entry on the server; the
-	// waiter refreshes it every third of that. A grant carries a claim lease
-	// of the same length until the watchdog extends it.
-	maxQueueTTL = 750 * time.Millisecond
-	// linger is how long a lock's subscription is kept after its last local
-	// waiter left, to spare subscribe/unsubscribe churn under contention.
-	linger = 250 * time.Millisecond
-)
 
 // Name returns the lock's name.
 func (m *DistMutex) Name() string {
@@ -266,8 +199,8 @@ func (m *DistMutex) LockContext(ctx context.Context) error {
 // by a call that follows it to Redis in the background. A nested TryLock of
 // a goroutine that holds m raises its count (one round trip).
 //
-// TryLock returns false when the lock is held by another owner, while it is
-// in starvation mode (its longest waiter is owed the next hand-off), when
+// TryLock returns false when the lock is held by another owner, while
+// others wait for it (the queue's head is owed it), when
 // Redis did not answer in time, on a transient error, on a closed Client,
 // and for a goroutine that holds only the read lock of a DistRWMutex (the
 // errors are reported to the error handler). It panics on the errors that

@@ -427,7 +427,7 @@ func TestKilledHolderProcess(t *testing.T) {
 		childToken := childFence(t, child)
 
 		w := goLock(t, b.client(t).NewMutex(name, WithFencing()))
-		waitFor(t, "the waiter in the queue", func() bool { return rdb.ZCard(ctx, k.queue).Val() == 1 })
+		waitFor(t, "the waiter in the queue", func() bool { return rdb.LLen(ctx, k.queue).Val() == 1 })
 		child.Kill()
 		b.fastForward(lease)
 		require.NoError(t, await(t, w.locked, "the waiter to get the lock"))
@@ -452,7 +452,7 @@ func TestPausedHolderProcess(t *testing.T) {
 
 		wc := b.client(t)
 		w := goLock(t, wc.NewMutex(name, WithFencing()))
-		waitFor(t, "the waiter in the queue", func() bool { return rdb.ZCard(ctx, k.queue).Val() == 1 })
+		waitFor(t, "the waiter in the queue", func() bool { return rdb.LLen(ctx, k.queue).Val() == 1 })
 		child.Signal(t, syscall.SIGSTOP)
 		b.fastForward(lease)
 		require.NoError(t, await(t, w.locked, "the waiter to get the lock"))
@@ -518,7 +518,7 @@ func TestScriptsAppliedTwice(t *testing.T) {
 		wc := clientOn(t, wrdb, WithErrorHandler(errs.handler))
 		require.NoError(t, m.LockContext(ctx))
 		w := goLock(t, wc.NewMutex(name, WithFencing()))
-		waitFor(t, "the waiter in the queue", func() bool { return rdb.ZCard(ctx, k.queue).Val() == 1 })
+		waitFor(t, "the waiter in the queue", func() bool { return rdb.LLen(ctx, k.queue).Val() == 1 })
 		require.NoError(t, m.UnlockContext(ctx), "doubled final release with a hand-off")
 		require.NoError(t, await(t, w.locked, "the waiter to get the lock"))
 		fields, err := rdb.HGetAll(ctx, k.hash).Result()
@@ -530,7 +530,7 @@ func TestScriptsAppliedTwice(t *testing.T) {
 		}
 		w.release()
 		require.NoError(t, await(t, w.unlocked, "the waiter to unlock"))
-		assert.Equal(t, int64(0), rdb.Exists(ctx, k.hash, k.queue, k.alive).Val(), "keys left behind")
+		assert.Equal(t, int64(0), rdb.Exists(ctx, k.hash, k.queue).Val(), "keys left behind")
 		assert.Empty(t, errs.all(), "errors reported")
 	})
 }

@@ -435,11 +435,10 @@ func TestWrongType(t *testing.T) {
 				typ:     "string", want: "precious",
 			},
 			{
-				// The uncontended scripts do not read this key (see
-				// TestUncontendedPathIgnoresLivenessKey): the lock is
-				// made to look contended, so the full ones run.
-				name:    "string at the queue liveness key",
-				key:     func(k lockKeyNames) string { return k.alive },
+				// The same, the lock made to look contended: the full
+				// scripts run from the first call.
+				name:    "string at the queue key, contended",
+				key:     func(k lockKeyNames) string { return k.queue },
 				plant:   func(key string) error { return rdb.Set(ctx, key, "precious", 0).Err() },
 				restore: func(key string) (string, error) { return rdb.Get(ctx, key).Result() },
 				typ:     "string", want: "precious", contended: true,
@@ -490,42 +489,12 @@ func TestWrongType(t *testing.T) {
 				assert.Equal(t, tc.want, got, "the data at %s", key)
 				assert.Equal(t, tc.typ, rdb.Type(ctx, key).Val(), "the type at %s", key)
 				assert.Equal(t, time.Duration(-1), rdb.TTL(ctx, key).Val(), "the TTL of %s", key)
-				for _, other := range []string{k.hash, k.fence, k.queue, k.alive} {
+				for _, other := range []string{k.hash, k.fence, k.queue} {
 					if other != key {
 						assert.Equal(t, int64(0), rdb.Exists(ctx, other).Val(), "stray key %s", other)
 					}
 				}
 			})
-		}
-	})
-}
-
-// TestUncontendedPathIgnoresLivenessKey: the uncontended scripts read the
-// hash (a read/write lock's writer hash and readers) and the queue only.
-// Foreign data at the queue's liveness key does not stop a free lock from
-// being taken and released, and is left as it was; the first call that
-// needs the key reports it (TestWrongType).
-func TestUncontendedPathIgnoresLivenessKey(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *testBackend) {
-		ctx := context.Background()
-		rdb := b.rdb(t)
-		name := lockName(t)
-		k, rk := keysOf(name), rwKeysOf(name)
-		m, rw := b.client(t).NewMutex(name), b.client(t).NewRWMutex(name)
-		for _, tc := range []struct {
-			lock, unlock func(context.Context) error
-			alive, hold  string
-			keys         []string // none left after the cycle
-		}{
-			{m.LockContext, m.UnlockContext, k.alive, k.hash, []string{k.hash, k.queue}},
-			{rw.RLockContext, rw.RUnlockContext, rk.alive, rk.readers, []string{rk.w, rk.queue, rk.readers}},
-		} {
-			require.NoError(t, rdb.Set(ctx, tc.alive, "precious", 0).Err())
-			require.NoError(t, tc.lock(ctx))
-			assert.Equal(t, int64(1), rdb.Exists(ctx, tc.hold).Val(), "the hold's key %s", tc.hold)
-			require.NoError(t, tc.unlock(ctx))
-			assert.Equal(t, int64(0), rdb.Exists(ctx, tc.keys...).Val(), "keys left by the cycle: %v", tc.keys)
-			assert.Equal(t, "precious", rdb.Get(ctx, tc.alive).Val(), "the data at %s", tc.alive)
 		}
 	})
 }
@@ -703,7 +672,7 @@ func TestClose(t *testing.T) {
 			}
 			waitPlain <- msg
 		}()
-		waitFor(t, "both waiters queued", func() bool { return rdb.ZCard(ctx, ky.queue).Val() == 2 })
+		waitFor(t, "both waiters queued", func() bool { return rdb.LLen(ctx, ky.queue).Val() == 2 })
 
 		require.NoError(t, c.Close())
 		assert.True(t, isClosed(lostX), "Lost of a hold after Close: got open, want closed")
@@ -712,7 +681,7 @@ func TestClose(t *testing.T) {
 
 		// Waiters left nothing queued; the hold was not deleted (its lease
 		// ends it), so nobody enters early.
-		assert.Equal(t, int64(0), rdb.Exists(ctx, ky.queue, ky.alive).Val(), "queue keys after Close")
+		assert.Equal(t, int64(0), rdb.Exists(ctx, ky.queue).Val(), "queue keys after Close: %v", rdb.LRange(ctx, ky.queue, 0, -1).Val())
 		assert.Greater(t, rdb.PTTL(ctx, kx.hash).Val(), time.Duration(0), "PTTL of the held lock after Close")
 		assert.NotEmpty(t, errs.matching(ErrLockLost), "the error handler heard of the lost hold")
 
@@ -856,7 +825,7 @@ func TestNonReentrant(t *testing.T) {
 		go m.Unlock() // any goroutine may unlock
 		require.NoError(t, m.LockContext(ctx), "LockContext after another goroutine unlocked")
 		m.Unlock()
-		assert.Equal(t, int64(0), rdb.Exists(ctx, k.hash, k.queue, k.alive).Val(), "keys left behind")
+		assert.Equal(t, int64(0), rdb.Exists(ctx, k.hash, k.queue).Val(), "keys left behind")
 	})
 }
 

@@ -2,9 +2,11 @@ package remutex
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -17,7 +19,7 @@ import (
 	"github.com/remutex/remutex/internal/redistest"
 )
 
-// Waiting: release messages, the hand-off queue in Redis (starvation mode),
+// Waiting: release messages, the hand-off queue in Redis,
 // waiting without a message, and giving up.
 
 // watchdogHolds returns how many holds c's watchdog renews.
@@ -36,8 +38,8 @@ func serverMillis(t testing.TB, rdb *redis.Client) int64 {
 }
 
 // queueEntry is the form of an entry of a lock's queue:
-// <claim ms>:<fencing 0|1>:<wait id>:<owner token>.
-var queueEntry = regexp.MustCompile(`^(\d+):([01]):(\d+):([0-9a-f]{32}\.[A-Za-z0-9._-]+\.\d+):(\d+)$`)
+// <claim ms>:<flag>:<wait id>.<arrival ms>:<owner token>.
+var queueEntry = regexp.MustCompile(`^(\d+):([01]):(\d+)\.(\d+):([A-Za-z0-9_-]{22}\.[A-Za-z0-9._-]+\.\d+):(\d+)$`)
 
 // TestReleasePublishes: a release publishes only when someone waits, and
 // then one message, on the waiting Client's own channel of the lock.
@@ -69,7 +71,7 @@ func TestReleasePublishes(t *testing.T) {
 		m.Lock()
 		wc := b.client(t)
 		w := goLock(t, wc.NewMutex(name))
-		waitFor(t, "the waiter in the queue", func() bool { return rdb.ZCard(ctx, k.queue).Val() == 1 })
+		waitFor(t, "the waiter in the queue", func() bool { return rdb.LLen(ctx, k.queue).Val() == 1 })
 		m.Unlock()
 		require.NoError(t, await(t, w.locked, "the waiter to get the lock"))
 		marker("2")
@@ -82,8 +84,8 @@ func TestReleasePublishes(t *testing.T) {
 	})
 }
 
-// TestQueueGrantsInOrder: waiters that wait long enough join the queue in
-// Redis, each with a liveness deadline they refresh, and the lock is handed to
+// TestQueueGrantsInOrder: waiters join the queue in Redis, in arrival
+// order, keeping it from expiring while they wait, and the lock is handed to
 // them in arrival order, within one Client and across Clients.
 func TestQueueGrantsInOrder(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b *testBackend) {
@@ -98,6 +100,7 @@ func TestQueueGrantsInOrder(t *testing.T) {
 				rdb := b.rdb(t)
 				holder := b.client(t).NewMutex(name)
 				holder.Lock()
+				started := time.Now()
 				var clients []*Client
 				for i := 0; i < tc.clients; i++ {
 					clients = append(clients, b.client(t))
@@ -134,28 +137,30 @@ func TestQueueGrantsInOrder(t *testing.T) {
 						<-release[i]
 						m.Unlock()
 					}()
-					waitFor(t, fmt.Sprintf("waiter %d in the queue", i), func() bool { return rdb.ZCard(ctx, k.queue).Val() == int64(i+1) })
+					waitFor(t, fmt.Sprintf("waiter %d in the queue", i), func() bool { return rdb.LLen(ctx, k.queue).Val() == int64(i+1) })
 				}
 
-				// The queue: entries in arrival order, naming their owners, each
-				// with a liveness deadline in the future on the server's clock.
-				entries, err := rdb.ZRange(ctx, k.queue, 0, -1).Result()
+				// The queue: entries in arrival order, naming their owners and
+				// their arrival on their own Client's clock.
+				entries, err := rdb.LRange(ctx, k.queue, 0, -1).Result()
 				require.NoError(t, err)
 				require.Len(t, entries, n)
-				now := serverMillis(t, rdb)
+				var last int64
 				for i, e := range entries {
 					parts := queueEntry.FindStringSubmatch(e)
-					if assert.NotNil(t, parts, "queue entry %q: want <claim ms>:<0|1>:<wait id>:<owner>", e) {
-						assert.Equal(t, clients[i%tc.clients].id, parts[4], "owner's client of queue entry %d", i)
-					}
-					deadline, err := rdb.ZScore(ctx, k.alive, e).Result()
-					if assert.NoError(t, err, "liveness deadline of entry %d", i) {
-						assert.Greater(t, int64(deadline), now, "liveness deadline of entry %d vs server time", i)
+					if assert.NotNil(t, parts, "queue entry %q: want <claim ms>:<flag>:<wait id>.<arrival ms>:<owner>", e) {
+						assert.Equal(t, clients[i%tc.clients].id, parts[5], "owner's client of queue entry %d", i)
+						arrival, _ := strconv.ParseInt(parts[4], 10, 64)
+						assert.True(t, arrival >= started.UnixMilli() && arrival <= time.Now().UnixMilli() && arrival >= last,
+							"arrival of queue entry %d: %d, want in [%d, now], not before the one ahead (%d)", i, arrival, started.UnixMilli(), last)
+						last = arrival
 					}
 				}
-				// The head refreshes its deadline while it waits.
-				first := rdb.ZScore(ctx, k.alive, entries[0]).Val()
-				waitFor(t, "the head's liveness deadline to move on", func() bool { return rdb.ZScore(ctx, k.alive, entries[0]).Val() > first })
+				// The waiters keep the queue from expiring while they wait.
+				pttl := rdb.PTTL(ctx, k.queue).Val()
+				assert.True(t, pttl > 0 && pttl <= maxQueueTTL, "queue PTTL %v, want (0, %v]", pttl, maxQueueTTL)
+				require.NoError(t, rdb.PExpire(ctx, k.queue, maxQueueTTL*2/3).Err())
+				waitFor(t, "the queue's TTL to be raised again", func() bool { return rdb.PTTL(ctx, k.queue).Val() > maxQueueTTL*2/3 })
 
 				holder.Unlock()
 				for want := 0; want < n; want++ {
@@ -170,7 +175,7 @@ func TestQueueGrantsInOrder(t *testing.T) {
 					}
 				}
 				wg.Wait()
-				assert.Equal(t, int64(0), rdb.Exists(ctx, k.hash, k.queue, k.alive).Val(), "keys left behind")
+				assert.Equal(t, int64(0), rdb.Exists(ctx, k.hash, k.queue).Val(), "keys left behind")
 			})
 		}
 	})
@@ -189,12 +194,10 @@ func TestTryLockDoesNotBarge(t *testing.T) {
 		holderLost := holder.Lost()
 		wc := b.client(t)
 		w := goLock(t, wc.NewMutex(name))
-		waitFor(t, "the waiter in the queue", func() bool { return rdb.ZCard(ctx, k.queue).Val() == 1 })
+		waitFor(t, "the waiter in the queue", func() bool { return rdb.LLen(ctx, k.queue).Val() == 1 })
 
 		// The holder's key vanishes without a release message: the lock is free
-		// but a waiter is queued, and it has waited long enough to be owed
-		// the lock (starvation mode).
-		awaitStarving(t, rdb, k)
+		// but a waiter is queued, and it is owed the lock.
 		require.NoError(t, rdb.Del(ctx, k.hash).Err())
 		bc := b.client(t)
 		barger := bc.NewMutex(name)
@@ -205,7 +208,7 @@ func TestTryLockDoesNotBarge(t *testing.T) {
 		assert.Equal(t, 0, barger.HoldCount())
 
 		require.NoError(t, await(t, w.locked, "the queued waiter to get the lock"))
-		for _, e := range rdb.ZRange(ctx, k.queue, 0, -1).Val() {
+		for _, e := range rdb.LRange(ctx, k.queue, 0, -1).Val() {
 			assert.NotContains(t, e, bc.id, "queue entry of the TryLock caller")
 		}
 		fields := rdb.HKeys(ctx, k.hash).Val()
@@ -254,7 +257,7 @@ func TestWaiterGetsInWithoutReleaseMessage(t *testing.T) {
 				holder.Lock()
 				lost := holder.Lost()
 				w := goLock(t, b.client(t).NewMutex(name))
-				waitFor(t, "the waiter in the queue", func() bool { return rdb.ZCard(ctx, k.queue).Val() == 1 })
+				waitFor(t, "the waiter in the queue", func() bool { return rdb.LLen(ctx, k.queue).Val() == 1 })
 				tc.vanish(t, rdb, k)
 
 				require.NoError(t, await(t, w.locked, "the waiter to get the lock"))
@@ -268,15 +271,16 @@ func TestWaiterGetsInWithoutReleaseMessage(t *testing.T) {
 }
 
 // TestDeadQueueEntry: a queue entry whose waiter is gone delays the lock at
-// most by its claim window: skipped once its liveness deadline passed, and
-// granted only a claim lease (not the full lease) while it still looked alive.
+// most by its claim window: skipped at once when no Client listens for it
+// (its process died), and granted only a claim lease (not the full lease)
+// when its Client listens but nobody waits in it.
 func TestDeadQueueEntry(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b *testBackend) {
 		const claim = time.Second
 		for _, tc := range []struct {
-			name     string
-			liveness time.Duration // the dead entry's deadline, from now
-		}{{"liveness deadline passed", -time.Second}, {"liveness deadline ahead", 10 * time.Second}} {
+			name   string
+			listen bool // a connection subscribes to the dead entry's channel
+		}{{"nobody listens", false}, {"its Client listens", true}} {
 			t.Run(tc.name, func(t *testing.T) {
 				name := lockName(t)
 				k := keysOf(name)
@@ -285,16 +289,22 @@ func TestDeadQueueEntry(t *testing.T) {
 				holder := b.client(t).NewMutex(name)
 				holder.Lock()
 
-				deadOwner := strings.Repeat("d", 32) + ":1"
-				dead := fmt.Sprintf("%d:0:1:%s", claim.Milliseconds(), deadOwner)
-				now := serverMillis(t, rdb)
-				require.NoError(t, rdb.ZAdd(ctx, k.queue, redis.Z{Score: 1, Member: dead}).Err()) // the earliest arrival
-				require.NoError(t, rdb.ZAdd(ctx, k.alive, redis.Z{Score: float64(now + tc.liveness.Milliseconds()), Member: dead}).Err())
+				deadID := strings.Repeat("d", 22) + ".host.1"
+				deadOwner := deadID + ":1"
+				dead := fmt.Sprintf("%d:0:1.1:%s", claim.Milliseconds(), deadOwner)
+				if tc.listen {
+					sub := b.rdb(t).Subscribe(ctx, k.channel+deadID)
+					t.Cleanup(func() { _ = sub.Close() })
+					_, err := sub.Receive(ctx)
+					require.NoError(t, err)
+				}
+				require.NoError(t, rdb.RPush(ctx, k.queue, dead).Err()) // the earliest arrival
+				require.NoError(t, rdb.PExpire(ctx, k.queue, time.Minute).Err())
 
 				wc := b.client(t)
 				w := goLock(t, wc.NewMutex(name))
 				waitFor(t, "the waiter in the queue", func() bool {
-					for _, e := range rdb.ZRange(ctx, k.queue, 0, -1).Val() {
+					for _, e := range rdb.LRange(ctx, k.queue, 0, -1).Val() {
 						if strings.Contains(e, wc.id) {
 							return true
 						}
@@ -303,7 +313,7 @@ func TestDeadQueueEntry(t *testing.T) {
 				})
 				holder.Unlock()
 
-				if tc.liveness > 0 {
+				if tc.listen {
 					// Granted to the dead entry, for its claim window only.
 					assert.Equal(t, []string{deadOwner}, rdb.HKeys(ctx, k.hash).Val(), "holder in Redis after the release")
 					pttl := rdb.PTTL(ctx, k.hash).Val()
@@ -317,7 +327,7 @@ func TestDeadQueueEntry(t *testing.T) {
 				}
 				w.release()
 				require.NoError(t, await(t, w.unlocked, "the waiter to unlock"))
-				assert.Equal(t, int64(0), rdb.Exists(ctx, k.hash, k.queue, k.alive).Val(), "keys left behind")
+				assert.Equal(t, int64(0), rdb.Exists(ctx, k.hash, k.queue).Val(), "keys left behind")
 			})
 		}
 	})
@@ -383,7 +393,7 @@ func TestGiveUpLeavesNothing(t *testing.T) {
 				}
 				assert.Equal(t, outcome{r.err, 0, true}, r, "HoldCount and Lost after giving up")
 
-				assert.Equal(t, int64(0), rdb.Exists(ctx, k.queue, k.alive).Val(), "queue keys after giving up")
+				assert.Equal(t, int64(0), rdb.Exists(ctx, k.queue).Val(), "queue keys after giving up")
 				fields := rdb.HKeys(ctx, k.hash).Val()
 				if assert.Len(t, fields, 1, "holds in Redis") {
 					assert.True(t, strings.HasPrefix(fields[0], hc.id+":"), "holder in Redis: got %s, want the holder's client", fields[0])
@@ -402,6 +412,9 @@ func TestGiveUpLeavesNothing(t *testing.T) {
 		}
 	})
 }
+
+// errCutOff is the error of a call a test's hook keeps from Redis.
+var errCutOff = errors.New("call cut off by the test")
 
 // TestGiveUpReleasesGrant: a queued waiter that gives up just as the queue
 // grants it the lock releases that grant when it leaves, instead of
@@ -429,9 +442,10 @@ func TestGiveUpReleasesGrant(t *testing.T) {
 			case "acquire":
 				select {
 				case <-holding:
-					<-ctx.Done() // a refresh that does not get through
-					cmd.SetErr(ctx.Err())
-					return ctx.Err()
+					// A refresh that does not get through (answered at once:
+					// the drainer's calls have no deadline to wait for).
+					cmd.SetErr(errCutOff)
+					return errCutOff
 				default:
 				}
 				err := next(ctx, cmd)
@@ -459,7 +473,7 @@ func TestGiveUpReleasesGrant(t *testing.T) {
 		go func() { res <- wm.LockContext(wctx) }()
 
 		await(t, enqueued, "the waiter to join the queue")
-		awaitStarving(t, rdb, k)
+		faultSubscribed(t, rdb, k.channel) // else the release drops its entry, as a dead waiter's
 		holdRefresh.Do(func() { close(holding) })
 		p.Pause()
 		holder.Unlock()
@@ -472,7 +486,7 @@ func TestGiveUpReleasesGrant(t *testing.T) {
 		p.Resume()
 		assert.ErrorIs(t, await(t, res, "LockContext to give up"), context.Canceled)
 		settled(t, wc)
-		assert.Equal(t, int64(0), rdb.Exists(ctx, k.hash, k.queue, k.alive).Val(), "keys after the waiter left")
+		assert.Equal(t, int64(0), rdb.Exists(ctx, k.hash, k.queue).Val(), "keys after the waiter left")
 		assert.Equal(t, 0, watchdogHolds(wc), "holds renewed by the waiter's Client")
 	})
 }
@@ -527,7 +541,7 @@ func TestSubscribeDenied(t *testing.T) {
 	for round := 0; round < 2; round++ {
 		holder.Lock()
 		w := goLock(t, wc.NewMutex(name))
-		waitFor(t, "the waiter in the queue", func() bool { return admin.ZCard(ctx, k.queue).Val() == 1 })
+		waitFor(t, "the waiter in the queue", func() bool { return admin.LLen(ctx, k.queue).Val() == 1 })
 		holder.Unlock()
 		require.NoError(t, await(t, w.locked, "the waiter to get the lock"), "round %d", round)
 		w.release()
@@ -541,23 +555,10 @@ func queuedReply(cmd redis.Cmder) bool {
 	if s, _ := scriptCall(cmd); s != "acquire" || cmd.Err() != nil {
 		return false
 	}
-	r, ok := cmd.(*redis.Cmd)
+	c, ok := cmd.(*redis.Cmd)
 	if !ok {
 		return false
 	}
-	v, err := r.Slice()
-	return err == nil && len(v) == 2 && v[0] == int64(replyQueued)
-}
-
-// awaitStarving waits until the head of the lock's queue has waited
-// starveAfter on the server's clock: releases then hand the lock to it.
-func awaitStarving(t testing.TB, rdb *redis.Client, k lockKeyNames) {
-	t.Helper()
-	ctx := context.Background()
-	waitFor(t, "the queue's head to wait past the starvation threshold", func() bool {
-		head, err := rdb.ZRangeWithScores(ctx, k.queue, 0, 0).Result()
-		now, terr := rdb.Time(ctx).Result()
-		return err == nil && terr == nil && len(head) == 1 &&
-			now.UnixMicro()-int64(head[0].Score) >= starveAfter.Microseconds()
-	})
+	r, err := parseReply(c.Val())
+	return err == nil && r.code == replyQueued
 }

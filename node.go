@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -26,21 +25,21 @@ type node struct {
 	log       *slog.Logger
 	cluster   bool // rdb is a *redis.ClusterClient
 	ack       replicaAck
-	starve    string         // starvation threshold in µs; -1 (never), in a quorum
-	nodeArgs  [2]interface{} // "<starve µs> <publish command>" for the slow paths (queue.lua): classic, sharded
-	shardOnce sync.Once      // decides shardPub with the first lock operation
-	decided   atomic.Bool    // shardPub is decided
-	shardPub  atomic.Bool    // release messages use sharded pub/sub
-	batch     batcher        // coalesces the lock script calls of concurrent callers
+	pubs      [2]string   // the slow paths' publish commands, classic and sharded (queue.lua): in capitals in a quorum
+	shardOnce sync.Once   // decides shardPub with the first lock operation
+	decided   atomic.Bool // shardPub is decided
+	shardPub  atomic.Bool // release messages use sharded pub/sub
+	batch     batcher     // coalesces the lock script calls of concurrent callers
 	subscriber
 }
 
-func newNode(c *Client, rdb redis.UniversalClient, starve time.Duration) *node {
-	n := &node{rdb: rdb, log: c.log, ack: c.ack, starve: "-1"}
-	if starve != never {
-		n.starve = strconv.FormatInt(starve.Microseconds(), 10)
+// newNode returns a node of c on rdb; handoff says whether its queue hands
+// the lock to waiters (a quorum's servers only wake them).
+func newNode(c *Client, rdb redis.UniversalClient, handoff bool) *node {
+	n := &node{rdb: rdb, log: c.log, ack: c.ack, pubs: [2]string{"PUBLISH", "SPUBLISH"}}
+	if handoff {
+		n.pubs = [2]string{"publish", "spublish"} // lower case: the queue hands the lock on
 	}
-	n.nodeArgs = [2]interface{}{n.starve + " publish", n.starve + " spublish"}
 	_, n.cluster = rdb.(*redis.ClusterClient)
 	n.subscriber.c, n.subscriber.n = c, n
 	n.batch.n = n
@@ -61,6 +60,7 @@ type call struct {
 	keys []interface{}
 	args []interface{}
 	cmd  *redis.Cmd
+	look bool // EXISTS of one key, whose count alone matters (see batcher.round)
 }
 
 func (cl *call) build(ctx context.Context, eval bool) {
@@ -163,16 +163,14 @@ func (n *node) evalOn(ctx context.Context, keys []interface{}, sc *luaScript, ar
 	return v, nil
 }
 
-// tail is the two arguments every lock script ends with, read only by its
-// slow path (see queue.lua): the node's, then the lock's.
-func (n *node) tail(ctx context.Context, s *lockSpec) (nodeArg, queueArg interface{}) {
-	if n.cluster {
-		n.sharded(ctx)
+// pub is the argument every lock script ends with, read only by its slow
+// path (see queue.lua): the publish command, in capitals where the queue
+// only wakes waiters (a quorum).
+func (n *node) pub(ctx context.Context) interface{} {
+	if n.cluster && n.sharded(ctx) {
+		return n.pubs[1]
 	}
-	if n.shardPub.Load() {
-		return n.nodeArgs[1], s.queueArg
-	}
-	return n.nodeArgs[0], s.queueArg
+	return n.pubs[0]
 }
 
 func (n *node) acquire(ctx context.Context, s *lockSpec, r acquireReq) (reply, error) {
@@ -184,8 +182,7 @@ func (n *node) acquire(ctx context.Context, s *lockSpec, r acquireReq) (reply, e
 			return reply{code: replyGranted, val: f}, nil
 		}
 	}
-	na, qa := n.tail(ctx, s)
-	args := []interface{}{r.owner, r.have, r.want, r.lease, r.fence.arg(), r.waitID, na, qa}
+	args := []interface{}{r.owner, r.have, r.want, r.lease, r.fence.arg(), r.entryArg(s), n.pub(ctx)}
 	if r.have > 0 || n.ack.replicas == 0 {
 		v, err := n.eval(ctx, s, s.sc.acquire, args...)
 		if err != nil {
@@ -265,8 +262,7 @@ func (n *node) release(ctx context.Context, s *lockSpec, owner interface{}, want
 		// for WithMinHold: release.lua alone.)
 		return n.quickRelease(ctx, s, owner)
 	}
-	na, qa := n.tail(ctx, s)
-	v, err := n.eval(ctx, s, s.sc.release, owner, want, lease, na, qa)
+	v, err := n.eval(ctx, s, s.sc.release, owner, want, lease, n.pub(ctx))
 	if err != nil {
 		return 0, err
 	}
@@ -278,8 +274,7 @@ func (n *node) release(ctx context.Context, s *lockSpec, owner interface{}, want
 }
 
 func (n *node) leave(ctx context.Context, s *lockSpec, owner interface{}, entry string) error {
-	na, qa := n.tail(ctx, s)
-	_, err := n.eval(ctx, s, s.sc.leave, owner, entry, na, qa)
+	_, err := n.eval(ctx, s, s.sc.leave, owner, entry, n.pub(ctx))
 	return err
 }
 

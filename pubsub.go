@@ -427,8 +427,8 @@ func (s *subscriber) deny(err error) {
 // dispatch hands a message on the Client's channel of a lock to the local
 // waiter it names:
 //
-//	"w <entry>"           normal mode: the lock is free, entry may take it
-//	"g <fence> <entry>"   starvation mode: the lock was handed to entry
+//	"w <entry>"           a quorum's: the lock is free, entry may take it
+//	"g <fence> <entry>"   a single server's: the lock was handed to entry
 //
 // A message for an entry without a local waiter is kept a while, for a
 // waiter whose call queued it but has not returned yet (see

@@ -54,7 +54,7 @@ func (c *Client) newQuick(kind lockKind, keys []string) *quick {
 	case kindWrite:
 		return nil
 	case kindRead:
-		readers := keys[4]
+		readers := keys[3]
 		q.lock, q.wake = quickRLock, rwWake
 		q.lockKeys = []interface{}{hash, queue, readers}
 		q.del, q.delKey = "zrem", readers
@@ -105,7 +105,7 @@ func (n *node) quickRelease(ctx context.Context, s *lockSpec, owner interface{})
 	pc := pairPool.Get().(*pairCalls)
 	del, look := &pc.calls[0], &pc.calls[1]
 	*del = call{args: append(pc.args[:0], q.del, q.delKey, owner)}
-	*look = call{args: q.look}
+	*look = call{args: q.look, look: true}
 	if err := n.batch.doPair(ctx, del, look); err != nil {
 		return 0, err // (not put back: the drainer may still send pc's arguments)
 	}
@@ -125,8 +125,7 @@ func (n *node) quickRelease(ctx context.Context, s *lockSpec, owner interface{})
 		return releaseDone, nil // (an error: the waiters look again at their next refresh)
 	}
 	q.contended()
-	na, qa := n.tail(ctx, s)
-	v, err := n.eval(ctx, s, q.wake, na, qa)
+	v, err := n.eval(ctx, s, q.wake, n.pub(ctx))
 	if err != nil {
 		n.log.Warn("remutex: waking the queue after a release failed; its waiters look again at their next refresh", "lock", s.name, "err", err)
 		return releaseDone, nil

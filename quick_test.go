@@ -37,7 +37,7 @@ func TestQuickReleaseWakesTheQueue(t *testing.T) {
 			locked <- struct{}{}
 			_ = waiter.UnlockContext(ctx)
 		}()
-		waitFor(t, "the waiter queued", func() bool { return rdb.ZCard(ctx, k.queue).Val() == 1 })
+		waitFor(t, "the waiter queued", func() bool { return rdb.LLen(ctx, k.queue).Val() == 1 })
 		start := time.Now()
 		h.release()
 		if err := await(t, h.unlocked, "the holder's UnlockContext"); err != nil {
@@ -98,5 +98,37 @@ func TestQuickReadReleaseWakesTheWriter(t *testing.T) {
 		if !woke {
 			t.Errorf("the last reader's release sent no rwwake.lua, which lets the queued writer in")
 		}
+	})
+}
+
+// TestReadAfterPlainZremLeavesWriterFirst: the last reader's plain ZREM
+// leaves the lock free with a writer at the head of the queue until its
+// rwwake.lua runs. A reader that comes in between must not enter beside the
+// writer that its own call hands the lock to: it waits behind it.
+func TestReadAfterPlainZremLeavesWriterFirst(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *testBackend) {
+		name := lockName(t)
+		k, rdb := rwKeysOf(name), b.rdb(t)
+		ctx := testCtx(t, hangGuard)
+		first := b.client(t).NewRWMutex(name)
+		r := newFaultGoroutine(t)
+		r.do(t, hangGuard, "RLock", first.RLock)
+		writer := b.client(t).NewRWMutex(name)
+		w := newFaultGoroutine(t)
+		var err error
+		locked := w.async(func() { err = writer.LockContext(ctx) })
+		awaitQueued(t, rdb, k, 1)
+		// The reader's ZREM, without the wake that follows it.
+		if err := rdb.Del(ctx, k.readers).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if b.client(t).NewRWMutex(name).TryRLock() {
+			t.Errorf("TryRLock with a writer at the head of a free lock: got true, want false (it is handed to the writer)")
+		}
+		faultAwait(t, locked, hangGuard, "the writer")
+		if err != nil {
+			t.Fatalf("the writer: %v", err)
+		}
+		w.do(t, hangGuard, "Unlock", writer.Unlock)
 	})
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -22,7 +23,7 @@ import (
 //     majority renew it, or its validity passes without a majority renewal.
 //   - Waiters are queued on every server and woken by a message from each
 //     server that releases, but the lock is never handed to them: it is
-//     always taken by a call that wins a majority (normal mode only), so
+//     always taken by a call that wins a majority (newcomers may win it), so
 //     waits under heavy contention are not bounded as on a single
 //     deployment.
 //   - Fencing (WithFencing): each server keeps its own counter. The token of
@@ -54,14 +55,11 @@ func NewQuorumClient(rdbs []redis.UniversalClient, opts ...Option) *Client {
 	for i, rdb := range rdbs {
 		// The queue never hands the lock on: a grant on one server is not
 		// a majority's.
-		q.nodes[i] = newNode(c, rdb, never)
+		q.nodes[i] = newNode(c, rdb, false)
 	}
 	c.be = q
 	return c
 }
-
-// never is a starvation threshold no waiter reaches.
-const never = time.Duration(1<<63 - 1)
 
 // quorum is the backend of NewQuorumClient: the same scripts on every node,
 // decided by a majority.
@@ -217,7 +215,9 @@ func countAcquire(as []answer[reply]) (v acquireVotes) {
 type giveBack struct {
 	mu     sync.Mutex
 	failed bool
-	late   []*node
+	held   bool    // the try won a majority
+	late   []*node // granted (or unknown) after the decision
+	queued []*node // queued the caller after the decision, before it was known
 }
 
 // grantedLate takes an answer that came after the decision and may hold
@@ -233,6 +233,51 @@ func (g *giveBack) grantedLate(ctx context.Context, nd *node, s *lockSpec, owner
 	if failed {
 		postRelease(ctx, nd, s, owner)
 	}
+}
+
+// queuedLate takes an answer that came after the decision and queued the
+// caller: its entry is left at once if the try won, else kept (the waiter
+// goes on waiting in it).
+func (g *giveBack) queuedLate(ctx context.Context, nd *node, s *lockSpec, r acquireReq) {
+	g.mu.Lock()
+	held := g.held
+	if !held && !g.failed {
+		g.queued = append(g.queued, nd)
+	}
+	g.mu.Unlock()
+	if held {
+		postLeave(ctx, nd, s, r)
+	}
+}
+
+// hold leaves the queues of the servers where a try that won a majority
+// was queued instead: an entry left there would stay ahead of the waiters
+// behind it for as long as its Client listens (a quorum's queue only wakes
+// its head, and a woken Client that no longer waits in that entry takes
+// nothing).
+func (g *giveBack) hold(ctx context.Context, q *quorum, as []answer[reply], s *lockSpec, r acquireReq) {
+	g.mu.Lock()
+	g.held = true
+	queued := g.queued
+	g.mu.Unlock()
+	for i, a := range as {
+		if queuedIn(a) {
+			queued = append(queued, q.nodes[i])
+		}
+	}
+	for _, nd := range queued {
+		postLeave(ctx, nd, s, r)
+	}
+}
+
+// queuedIn reports whether a server's answer says it queued the caller.
+func queuedIn(a answer[reply]) bool {
+	return a.err == nil && a.v.code == replyQueued
+}
+
+// postLeave posts the leave of r's queue entry on nd (see postCtx).
+func postLeave(ctx context.Context, nd *node, s *lockSpec, r acquireReq) {
+	_ = nd.leave(postCtx(ctx, max(s.lease, time.Second)), s, r.owner, strings.TrimPrefix(r.entry, "+"))
 }
 
 // fail gives back every grant of a try that failed.
@@ -261,6 +306,9 @@ func (q *quorum) acquire(ctx context.Context, s *lockSpec, r acquireReq) (reply,
 	if r.fence == fenceOn {
 		r.fence = fenceFresh // every server draws a new token; see acquire.lua
 	}
+	// The entry once, for every server and for what follows the decision,
+	// which may come after the attempt moved on.
+	r.entry = r.entryArg(s)
 	first := r.have == 0
 	var g giveBack
 	as := fanOut(q, func(nd *node) (reply, error) { return nd.acquire(ctx, s, r) },
@@ -269,16 +317,23 @@ func (q *quorum) acquire(ctx context.Context, s *lockSpec, r acquireReq) (reply,
 			return v.granted >= q.majority || v.granted+v.pending < q.majority
 		},
 		func(nd *node, a answer[reply]) {
-			if first && mayHold(a) {
+			switch {
+			case first && mayHold(a):
 				g.grantedLate(ctx, nd, s, r.owner)
+			case first && queuedIn(a):
+				g.queuedLate(ctx, nd, s, r)
 			}
 		})
 	v := countAcquire(as)
-	if v.granted >= q.majority {
-		if !first || r.fence == fenceOff {
-			return reply{code: replyGranted, val: v.fence}, nil
+	if v.granted >= q.majority && (!first || r.fence == fenceOff) {
+		if first {
+			g.hold(ctx, q, as, s, r)
 		}
+		return reply{code: replyGranted, val: v.fence}, nil
+	}
+	if v.granted >= q.majority {
 		if v.last = q.raiseFence(ctx, s, v.fence); v.last == nil {
+			g.hold(ctx, q, as, s, r)
 			return reply{code: replyGranted, val: v.fence}, nil
 		}
 	}

@@ -216,12 +216,12 @@ func waitFor(t testing.TB, what string, cond func() bool) {
 
 // lockKeyNames are the keys and channel of a lock under the default prefix.
 type lockKeyNames struct {
-	hash, fence, queue, alive, channel string
+	hash, fence, queue, channel string
 }
 
 func keysOf(name string) lockKeyNames {
 	h := DefaultKeyPrefix + "{" + name + "}"
-	return lockKeyNames{hash: h, fence: h + ":fence", queue: h + ":queue", alive: h + ":queue:alive", channel: h + ":released:"}
+	return lockKeyNames{hash: h, fence: h + ":fence", queue: h + ":waiting", channel: h + ":released:"}
 }
 
 // hookFuncs is a go-redis hook made of optional functions; a nil one passes

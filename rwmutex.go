@@ -35,8 +35,8 @@ import (
 // its batched round trips; a reader whose process dies stops blocking
 // writers within its lease. Lost and Fence describe the calling goroutine's
 // hold (its write hold if it has one). The keys are P{name}:rw,
-// P{name}:rw:readers (holder → deadline), P{name}:rw:fence, P{name}:rw:queue
-// and P{name}:rw:queue:alive for the Client's prefix P: one cluster slot.
+// P{name}:rw:readers (holder → deadline), P{name}:rw:fence, P{name}:rw:waiting
+// for the Client's prefix P: one cluster slot.
 type DistRWMutex struct {
 	_    noCopy
 	w, r DistMutex // the write and read sides, each a lock of the protocol

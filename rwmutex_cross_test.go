@@ -8,7 +8,6 @@ package remutex
 import (
 	"context"
 	"fmt"
-	"math"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -34,15 +33,15 @@ func init() {
 
 // rwKeyNames are the keys of a read/write lock under the default prefix.
 type rwKeyNames struct {
-	w, fence, queue, alive, readers string
+	w, fence, queue, readers string
 }
 
 func rwKeysOf(name string) rwKeyNames {
-	k := keysFrom(DefaultKeyPrefix + "{" + name + "}:rw")
-	return rwKeyNames{w: k[0], fence: k[1], queue: k[2], alive: k[3], readers: k[0] + ":readers"}
+	k := rwKeys(DefaultKeyPrefix, name)
+	return rwKeyNames{w: k[0], fence: k[1], queue: k[2], readers: k[3]}
 }
 
-func (k rwKeyNames) all() []string { return []string{k.w, k.fence, k.queue, k.alive, k.readers} }
+func (k rwKeyNames) all() []string { return []string{k.w, k.fence, k.queue, k.readers} }
 
 // rwState is what the server holds of a read/write lock: writers, readers,
 // queue entries.
@@ -53,7 +52,7 @@ func rwStateOf(t testing.TB, rdb *redis.Client, k rwKeyNames) rwState {
 	ctx := context.Background()
 	var w, r, q *redis.IntCmd
 	_, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		w, r, q = p.HLen(ctx, k.w), p.ZCard(ctx, k.readers), p.ZCard(ctx, k.queue)
+		w, r, q = p.HLen(ctx, k.w), p.ZCard(ctx, k.readers), p.LLen(ctx, k.queue)
 		return nil
 	})
 	require.NoError(t, err)
@@ -63,7 +62,7 @@ func rwStateOf(t testing.TB, rdb *redis.Client, k rwKeyNames) rwState {
 // awaitQueued waits until n waiters are queued for the lock.
 func awaitQueued(t testing.TB, rdb *redis.Client, k rwKeyNames, n int64) {
 	t.Helper()
-	waitFor(t, fmt.Sprintf("%d waiters queued", n), func() bool { return rdb.ZCard(context.Background(), k.queue).Val() == n })
+	waitFor(t, fmt.Sprintf("%d waiters queued", n), func() bool { return rdb.LLen(context.Background(), k.queue).Val() == n })
 }
 
 // notYet fails the test if ch is closed.
@@ -108,7 +107,7 @@ func TestRWMutexWriterPreferenceAcrossClients(t *testing.T) {
 		w.do(t, hangGuard, "Unlock", rws[1].Unlock)
 		faultAwait(t, rlocked, hangGuard, "the late reader once the writer left")
 		late.do(t, hangGuard, "RUnlock", rws[2].RUnlock)
-		assert.Zero(t, rdb.Exists(context.Background(), k.w, k.readers, k.queue, k.alive).Val(), "keys left behind")
+		assert.Zero(t, rdb.Exists(context.Background(), k.w, k.readers, k.queue).Val(), "keys left behind")
 	})
 }
 
@@ -154,7 +153,7 @@ func TestRWMutexReadersEnterTogether(t *testing.T) {
 		w2.do(t, hangGuard, "Unlock", rws[2].Unlock)
 		faultAwait(t, rlocked[3], hangGuard, "the fourth reader once the second writer left")
 		readers[3].do(t, hangGuard, "RUnlock", rws[2].RUnlock)
-		assert.Zero(t, rdb.Exists(context.Background(), k.w, k.readers, k.queue, k.alive).Val(), "keys left behind")
+		assert.Zero(t, rdb.Exists(context.Background(), k.w, k.readers, k.queue).Val(), "keys left behind")
 	})
 }
 
@@ -320,7 +319,7 @@ func TestRWMutexNonReentrant(t *testing.T) {
 		w.do(t, hangGuard, "TryLock", func() { ok = other.TryLock() })
 		assert.True(t, ok, "another Client's TryLock after the Unlock")
 		w.do(t, hangGuard, "Unlock", other.Unlock)
-		assert.Zero(t, rdb.Exists(context.Background(), k.w, k.readers, k.queue, k.alive).Val(), "keys left behind")
+		assert.Zero(t, rdb.Exists(context.Background(), k.w, k.readers, k.queue).Val(), "keys left behind")
 	})
 }
 
@@ -430,7 +429,6 @@ func TestRWMutexCancelLeavesNothing(t *testing.T) {
 		assert.ErrorIs(t, werr, context.Canceled, "the writer's LockContext")
 		faultAwait(t, rlocked, 5*time.Second, "the reader behind the writer that gave up")
 		assert.Equal(t, rwState{0, 2, 0}, rwStateOf(t, rdb, k), "writers, readers, queued after the writer gave up")
-		assert.Zero(t, rdb.Exists(context.Background(), k.alive).Val(), "queue liveness key left behind")
 		late.do(t, hangGuard, "RUnlock", lrw.RUnlock)
 
 		r.do(t, hangGuard, "RUnlock", rws[0].RUnlock)
@@ -446,7 +444,7 @@ func TestRWMutexCancelLeavesNothing(t *testing.T) {
 		settled(t, rws[2].r.c)
 		assert.Equal(t, rwState{1, 0, 0}, rwStateOf(t, rdb, k), "writers, readers, queued after the reader gave up")
 		w.do(t, hangGuard, "Unlock", rws[1].Unlock)
-		assert.Zero(t, rdb.Exists(context.Background(), k.w, k.readers, k.queue, k.alive).Val(), "keys left behind")
+		assert.Zero(t, rdb.Exists(context.Background(), k.w, k.readers, k.queue).Val(), "keys left behind")
 	})
 }
 
@@ -498,7 +496,6 @@ func TestRWMutexWrongType(t *testing.T) {
 			{"string at the writers key", func(k rwKeyNames) string { return k.w }, str, "string"},
 			{"string at the readers key", func(k rwKeyNames) string { return k.readers }, str, "string"},
 			{"string at the queue key", func(k rwKeyNames) string { return k.queue }, str, "string"},
-			{"string at the queue liveness key", func(k rwKeyNames) string { return k.alive }, str, "string"},
 			{"list at the fence key", func(k rwKeyNames) string { return k.fence }, list, "list"},
 			{"non-integer fence", func(k rwKeyNames) string { return k.fence }, str, "non-integer"},
 		}
@@ -510,11 +507,6 @@ func TestRWMutexWrongType(t *testing.T) {
 				require.NoError(t, tc.plant(key))
 				before := rwContent(t, rdb, key)
 				rw := c.NewRWMutex(name, WithFencing())
-				if key == k.alive {
-					// The uncontended scripts do not read it (see
-					// TestUncontendedPathIgnoresLivenessKey): the full ones must run.
-					rw.r.spec.quick.until.Store(math.MaxInt64)
-				}
 				check := func(what string, err error) {
 					t.Helper()
 					var wt *WrongTypeError

@@ -15,7 +15,7 @@ import (
 // rwQueued is how many waiters a read/write lock's queue holds.
 func rwQueued(t *testing.T, b *testBackend, name string) int64 {
 	t.Helper()
-	n, err := b.rdb(t).ZCard(context.Background(), DefaultKeyPrefix+"{"+name+"}:rw:queue").Result()
+	n, err := b.rdb(t).LLen(context.Background(), DefaultKeyPrefix+"{"+name+"}:rw:waiting").Result()
 	require.NoError(t, err)
 	return n
 }

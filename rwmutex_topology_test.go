@@ -91,7 +91,7 @@ func TestRWMutexReplicaAck(t *testing.T) {
 	assert.False(t, ok, "TryLockContext with too few replicas: got true")
 	assert.ErrorIs(t, err, ErrTooFewReplicas, "TryLockContext with too few replicas")
 	primary := rdbAt(t, p.Primary.Addr())
-	assert.Zero(t, primary.Exists(ctx, k.w, k.readers, k.queue, k.alive).Val(), "keys left after the refused calls")
+	assert.Zero(t, primary.Exists(ctx, k.w, k.readers, k.queue).Val(), "keys left after the refused calls")
 }
 
 // testClusterRWMutex: on each master, the basic exchange of read and write

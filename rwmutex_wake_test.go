@@ -1,6 +1,7 @@
 package remutex
 
 import (
+	"strconv"
 	"testing"
 	"time"
 
@@ -11,12 +12,12 @@ import (
 
 // Tests of a DistRWMutex waiter that queues in the holder's last
 // millisecond: it must wake when the holder's lease ends, not at its next
-// queue refresh (a third of the entry's liveness, 250ms).
+// queue refresh (a third of the queue's time to live, 250ms).
 
 // TestRWWaitReplyAtLeaseEnd calls wlock.lua and rlock.lua for a waiter
 // while the writer's key has under a millisecond left (PTTL 0, on
 // miniredis, whose clock the test moves): the wait they answer is at most
-// 1ms, not the queue head's liveness.
+// 1ms, not the queue's time to live.
 func TestRWWaitReplyAtLeaseEnd(t *testing.T) {
 	mr := miniredis.RunT(t)
 	name := lockName(t)
@@ -27,7 +28,9 @@ func TestRWWaitReplyAtLeaseEnd(t *testing.T) {
 	rw := c.NewRWMutex(name)
 	ctx := testCtx(t, hangGuard)
 	for i, side := range []*DistMutex{&rw.w, &rw.r} {
-		r, err := c.be.acquire(ctx, &side.spec, acquireReq{owner: c.id + ":1", want: 1, lease: side.spec.leaseArg, waitID: uint64(10 + i)})
+		owner := c.id + ":1"
+		entry := side.spec.claimMs + ":" + side.spec.flag + ":" + strconv.Itoa(10+i) + ".1:" + owner
+		r, err := c.be.acquire(ctx, &side.spec, acquireReq{owner: owner, want: 1, lease: side.spec.leaseArg, entry: entry})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,6 +1,8 @@
 package remutex
 
 import (
+	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"time"
@@ -11,14 +13,13 @@ import (
 type lockSpec struct {
 	name     string
 	sc       *scriptSet
-	keys     []string      // hash, fence, queue, queue:alive (DistRWMutex: and readers)
+	keys     []string      // hash, fence, queue (DistRWMutex: and readers)
 	keyArgs  []interface{} // keys, boxed
 	home     string        // the key its holds live in: what the Client's state and channel are named by
 	channel  string        // where this Client hears of the lock: <home>:released:<client id>
-	queueArg interface{}   // "<entry ttl ms> <claim ms> <home>:released:" for the slow paths (queue.lua)
 	lease    time.Duration
 	claim    time.Duration // lease of a queue grant until the watchdog extends it
-	ttl      time.Duration // liveness of a queue entry
+	ttl      time.Duration // a waiter calls again every third of it (see maxQueueTTL)
 	leaseArg interface{}
 	keepArg  interface{}   // nested calls: the lease, or "0" (keep the TTL) WithoutRenewal
 	minHold  time.Duration // WithMinHold
@@ -38,14 +39,14 @@ func (s *lockSpec) hash() string { return s.home }
 func lockKeys(prefix, name string) []string { return keysFrom(prefix + "{" + name + "}") }
 
 // rwKeys are the keys of the read/write lock called name, apart from the
-// mutex's: P{name}:rw and its fence, queue, queue:alive and readers.
+// mutex's: P{name}:rw and its fence, queue and readers.
 func rwKeys(prefix, name string) []string {
 	base := prefix + "{" + name + "}:rw"
 	return append(keysFrom(base), base+":readers")
 }
 
 func keysFrom(base string) []string {
-	return []string{base, base + ":fence", base + ":queue", base + ":queue:alive"}
+	return []string{base, base + ":fence", base + ":waiting"}
 }
 
 // keyCounts are the boxed key counts of script calls, which is what
@@ -110,7 +111,7 @@ func (c *Client) newSpec(name string, cfg mutexConfig, kind lockKind) lockSpec {
 	s.home = s.keys[0]
 	s.quick = c.newQuick(kind, s.keys)
 	if kind == kindRead {
-		s.home = s.keys[4]
+		s.home = s.keys[3]
 		s.sc, s.flag, s.unheld, s.read = readScripts, "r", "remutex: RUnlock of unlocked DistRWMutex", true
 	}
 	s.keyArgs = make([]interface{}, len(s.keys))
@@ -133,7 +134,6 @@ func (c *Client) newSpec(name string, cfg mutexConfig, kind lockKind) lockSpec {
 	}
 	s.minHold = cfg.minHold
 	s.claimMs = strconv.FormatInt(s.claim.Milliseconds(), 10)
-	s.queueArg = strconv.FormatInt(s.ttl.Milliseconds(), 10) + " " + s.claimMs + " " + s.home + releasedInfix
 	if cfg.fencing {
 		s.fence = fenceOn
 		s.flag = strings.ToUpper(s.flag)
@@ -145,3 +145,67 @@ func (c *Client) newSpec(name string, cfg mutexConfig, kind lockKind) lockSpec {
 }
 
 const releasedInfix = ":released:"
+
+// configure checks what NewMutex or NewRWMutex (fn) was given, panicking
+// with a message that says what is wrong.
+func (c *Client) configure(fn, name string, opts []MutexOption) mutexConfig {
+	if c == nil {
+		panic("remutex: " + fn + " on a nil Client")
+	}
+	cfg := mutexConfig{lease: DefaultLease}
+	for _, o := range opts {
+		if o == nil {
+			panic("remutex: " + fn + ": nil option")
+		}
+		o(&cfg)
+	}
+	if err := checkName(name); err != nil {
+		panic("remutex: " + fn + ": " + err.Error())
+	}
+	if cfg.lease < MinLease || cfg.lease > MaxLease {
+		panic(fmt.Sprintf("remutex: WithLease(%v): lease must be between %v and %v", cfg.lease, MinLease, MaxLease))
+	}
+	switch {
+	case cfg.minHold == 0:
+	case fn != "NewMutex":
+		panic("remutex: " + fn + ": WithMinHold is an option of a DistMutex (NewMutex)")
+	case cfg.minHold < MinLease || cfg.minHold > MaxLease:
+		panic(fmt.Sprintf("remutex: WithMinHold(%v): must be between %v and %v", cfg.minHold, MinLease, MaxLease))
+	case cfg.noRenew && cfg.minHold > cfg.lease:
+		panic(fmt.Sprintf("remutex: WithMinHold(%v) exceeds the fixed lease (WithLease(%v), WithoutRenewal): the lock is held at most that long", cfg.minHold, cfg.lease))
+	}
+	return cfg
+}
+
+func (m *DistMutex) init(c *Client, name string, cfg mutexConfig, kind lockKind) {
+	m.c = c
+	m.spec = c.newSpec(name, cfg, kind)
+	m.renew = !cfg.noRenew
+	m.reentrant = !cfg.nonReentrant
+}
+
+// checkName says what is wrong with a lock name, or nil.
+func checkName(name string) error {
+	switch {
+	case name == "":
+		return errors.New("empty lock name")
+	case len(name) > MaxNameLen:
+		return fmt.Errorf("lock name of %d bytes exceeds %d", len(name), MaxNameLen)
+	case name[0] == '}':
+		return fmt.Errorf("lock name %q starts with '}': its keys would not share a cluster slot", name)
+	}
+	return nil
+}
+
+// Tuning of the wait path. They are not options: the benchmarks chose them.
+const (
+	// maxQueueTTL is the TTL every waiter's call gives the lock's queue
+	// (queue_keep in enqueue.lua), so that a queue whose waiters all died
+	// is gone within it; a waiter calls again every third of that (of its
+	// lease, if shorter). A grant carries a claim lease of the same length
+	// until the watchdog extends it.
+	maxQueueTTL = 750 * time.Millisecond
+	// linger is how long a lock's subscription is kept after its last local
+	// waiter left, to spare subscribe/unsubscribe churn under contention.
+	linger = 250 * time.Millisecond
+)

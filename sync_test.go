@@ -60,7 +60,7 @@ func TestSyncMutex(t *testing.T) {
 
 // TestSyncMutexFairness is sync's TestMutexFairness: a goroutine that
 // relocks at once must not starve another that wants the lock now and then.
-// Across Clients, that is the queue's starvation mode.
+// Across Clients, that is the queue's hand-off, first in, first out.
 func TestSyncMutexFairness(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b *testBackend) {
 		name := lockName(t)

@@ -2,6 +2,7 @@ package remutex
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"time"
 )
@@ -20,8 +21,8 @@ type attempt struct {
 	// owner of each try: a quorum's tries each have a token of their own,
 	// and its wait keeps one entry.
 	entryOwner string
-	waitID     uint64      // names this wait's queue entry, with the owner
-	waitArg    interface{} // waitID, boxed ("" for TryLock); "+<id>" once the entry is known queued
+	waitID     uint64 // names this wait's queue entry, with the owner
+	known      bool   // the entry is known queued (see acquire.lua)
 
 	watching    bool    // holds a reference to the lock's subscription
 	w           *waiter // the local waiter, once waiting
@@ -58,8 +59,7 @@ func (m *DistMutex) initAttemptLocked(a *attempt, gid int64, try bool) {
 	default:
 		a.owner = c.id + ":n" + strconv.FormatUint(c.nextSeqLocked(), 10)
 	}
-	a.waitArg = "" // TryLock: never queued
-	if !try {
+	if !try { // (TryLock never queues)
 		a.newWaitIDLocked()
 	}
 }
@@ -97,6 +97,10 @@ func (a *attempt) run(ctx context.Context) (bool, error) {
 			return false, nil
 		case err == nil || transient(err):
 			return a.wait(ctx, r, err)
+		case errors.Is(err, ErrClosed):
+			// Closed while the call was out: Redis may have queued the
+			// caller all the same.
+			return a.giveUpAtOnce(ctx, err)
 		default:
 			return false, err
 		}
@@ -120,23 +124,28 @@ func (a *attempt) call(ctx context.Context) (reply, error) {
 		c.mu.Lock()
 		a.owner = c.id + ":" + strconv.FormatInt(a.gid, 10) + "." + strconv.FormatUint(c.nextSeqLocked(), 10)
 		c.mu.Unlock()
-		if !a.try {
-			a.waitArg = strconv.FormatUint(a.waitID, 10) + " " + a.entryOwner
-		}
 	}
 	a.heardAtSend = a.watching && isClosed(c.be.ready(m.spec.channel))
 	first := a.sent.IsZero()
 	a.sent = time.Now()
 	return c.be.acquire(ctx, &m.spec, acquireReq{
-		owner: a.owner, want: 1, lease: m.spec.leaseArg, fence: m.spec.fence, waitID: a.waitArg, quick: first,
+		owner: a.owner, want: 1, lease: m.spec.leaseArg, fence: m.spec.fence, place: a.place(), quick: first,
 	})
+}
+
+// place is where the attempt stands in the queue (see queuePlace).
+func (a *attempt) place() queuePlace {
+	if a.try {
+		return queuePlace{} // (TryLock never queues)
+	}
+	return queuePlace{wait: a.waitID, arrival: a.start.UnixMilli(), owner: a.entryOwnerString(), known: a.known}
 }
 
 // newWaitIDLocked gives the attempt a wait id of its own, and so a queue
 // entry no earlier grant can name.
 func (a *attempt) newWaitIDLocked() {
 	a.waitID = a.m.c.nextSeqLocked()
-	a.waitArg = a.waitID
+	a.known = false
 }
 
 // renewEntry is called when acquire says the attempt's queue entry is gone
@@ -152,14 +161,19 @@ func (a *attempt) renewEntry() {
 	a.entryChanged()
 }
 
-// entry is the attempt's queue entry, as acquire.lua writes it.
+// entry is the attempt's queue entry (see entryString), its arrival when
+// the Lock began.
 func (a *attempt) entry() string {
-	s := &a.m.spec
-	owner := a.entryOwner
-	if owner == "" {
-		owner = ownerString(a.owner)
+	return entryString(&a.m.spec, a.waitID, a.start.UnixMilli(), a.entryOwnerString())
+}
+
+// entryOwnerString is the owner its queue entries name: a quorum's names
+// the goroutine, not the try (see initAttemptLocked).
+func (a *attempt) entryOwnerString() string {
+	if a.entryOwner != "" {
+		return a.entryOwner
 	}
-	return s.claimMs + ":" + s.flag + ":" + strconv.FormatUint(a.waitID, 10) + ":" + owner
+	return ownerString(a.owner)
 }
 
 // entryChanged tells the local waiter, if any, the attempt's current entry.
@@ -218,15 +232,13 @@ func (a *attempt) complete(ctx context.Context, fence int64, sent time.Time, d t
 // error. r and err are the outcome of the call that found the lock busy
 // (and queued the caller) or failed.
 //
-// Like sync.Mutex.lockSlow, waiting has two modes; here the server picks
-// between them, on its clock, at each release. In normal mode the release
-// wakes the waiter that has waited longest (a 'w' message to its Client
-// alone) and it races newcomers for the free lock with its next call. Once
-// that waiter has waited starveAfter, releases hand the lock to it (a 'g'
-// message naming its entry) and newcomers queue behind it; it holds the lock
-// from the message alone. Between messages the waiter refreshes its entry
-// every third of the entry's time to live, and looks again when the holder's
-// lease would run out.
+// On a single server each release hands the lock to the waiter that has
+// waited longest (a 'g' message naming its entry, to its Client alone) and
+// newcomers queue behind it; it holds the lock from the message alone. On a
+// quorum a release only wakes it (a 'w' message), and it takes the lock
+// with its next call. Between messages the waiter calls again every third
+// of the queue's time to live (which the call renews), and when the
+// holder's lease would run out.
 func (a *attempt) wait(ctx context.Context, r reply, err error) (_ bool, failed error) {
 	a.enter()
 	defer a.exit()
@@ -311,12 +323,12 @@ func (a *attempt) note(r reply, err error) {
 	a.split = r.split
 	if r.code == replyQueued {
 		a.refreshed, a.heard = a.sent, a.heardAtSend
-		if id, ok := a.waitArg.(uint64); ok && !a.m.c.be.freshOwners() {
+		if !a.m.c.be.freshOwners() {
 			// From now on the entry is known queued: a call that finds it
 			// gone must not add it again (see renewEntry). (A quorum's
 			// entries, on servers that may not all have them, are never
 			// handed the lock.)
-			a.waitArg = "+" + strconv.FormatUint(id, 10)
+			a.known = true
 		}
 	}
 	if !a.split {
@@ -415,7 +427,8 @@ func (a *attempt) claim(ctx context.Context, fence int64) (bool, error) {
 // the queue entry is removed in Redis, together with a grant it may have
 // received meanwhile, by a leave call posted behind the attempt's last call
 // (see postCtx): it is not waited for. Should it not reach Redis, the entry
-// dies by its liveness deadline and a grant by its claim lease.
+// is dropped when its turn comes once the Client no longer listens (or with
+// the queue, when nobody refreshes it), and a grant ends by its claim lease.
 func (a *attempt) giveUp(ctx context.Context, cause error) (bool, error) {
 	m := a.m
 	_ = m.c.be.leave(postCtx(ctx, max(m.spec.lease, time.Second)), &m.spec, a.owner, a.entry())

@@ -198,8 +198,9 @@ func (w *page) instrScripts(r *results) {
 	w.p("### remutex per script call\n\nThe cycle and the hand-off once more, on a server that dumps after every script call "+
 		"(`--zero-before=%[1]s --dump-after=%[1]s`), while the clients let one script call at a time reach it and note each "+
 		"call's script and reply: the n'th dump is the n'th call. A script is named by its first comment, and the path it took "+
-		"by its reply (acquire: 1 granted, 2 queued; release: 1 done, 2 handed to the head of the queue; quick_lock: the fence, "+
-		"0, or -1 not free; quick_unlock: 1 done, -1 somebody waits). Instructions here are those inside the script call alone; "+
+		"by its reply (acquire: the fence token, 0 or n, granted, or queued; release: 1 done, 2 handed to the head of the queue; "+
+		"quick_lock: the fence, 0, or -1 not free; an uncontended release is no script: HDEL and EXISTS). "+
+		"Instructions here are those inside the script call alone; "+
 		"the rest of an operation's count is reading the commands, writing the replies and the pub/sub messages, and the event loop. "+
 		"The mean per call is what the server pays; the median is a call without a garbage collection step of Lua's heap, "+
 		"which redis-server runs in every 50th script call, and Lua wherever a call's allocations call for one.\n\n", scriptFunc)

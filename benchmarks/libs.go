@@ -74,7 +74,7 @@ func variants() []variant {
 	return []variant{
 		{
 			name: "remutex", lib: "remutex", remutex: true, watchdog: true, held: true,
-			setup:   "defaults (lease 30s, push hand-off, starvation queue after 3ms)",
+			setup:   "defaults (lease 30s, push hand-off, first in, first out)",
 			connect: connectRemutex,
 		},
 		{

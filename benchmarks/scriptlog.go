@@ -123,8 +123,9 @@ func scriptName(src, sha string) string {
 }
 
 // replyOf tells the path a script took by its reply: a number, or an array's
-// first element (remutex's scripts answer a reply code first); a larger
-// number (a fencing token) is "n".
+// first element; a larger number (a fencing token) is "n", and a negative
+// one below -1 (an acquire that did not get the lock: -(4 × wait ms + code)
+// - 1) is named by its code: "busy", "queued", "gone" or "lost".
 func replyOf(cmd redis.Cmder) string {
 	c, ok := cmd.(*redis.Cmd)
 	if !ok {
@@ -146,6 +147,9 @@ func replyOf(cmd redis.Cmder) string {
 	}
 	if n, ok := v.(int64); ok && n >= -1 && n <= 9 {
 		return fmt.Sprint(n)
+	}
+	if n, ok := v.(int64); ok && n < -1 {
+		return [...]string{"busy", "queued", "gone", "lost"}[(-n-1)%4]
 	}
 	if _, ok := v.(int64); ok {
 		return "n"

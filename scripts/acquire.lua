@@ -1,95 +1,104 @@
 -- acquire: take the lock, raise a hold's count, or wait in the lock's queue.
 --
--- KEYS = hash (owner -> hold count), fence counter, queue (entry -> arrival,
--- server µs), queue:alive (entry -> liveness deadline, server ms); all begin
--- with P{N}, so they share one cluster slot.
+-- KEYS = hash (owner -> hold count), fence counter, queue (see queue.lua);
+-- all begin with P{N}, so they share one cluster slot.
 -- ARGV = owner, count the caller has, count it wants, lease ms ('0' keeps the
--- TTL), fencing ('0' off, '1' on, '2' always a new token: quorum), wait id
--- ('' for TryLock: never queue), and the two arguments of the slow paths
--- (see queue.lua): starvation threshold and publish command; entry ttl,
--- claim lease and channel prefix.
+-- TTL), fencing ('0' off, '1' on, '2' always a new token: quorum), queue
+-- entry ('' for TryLock: never queue; see enqueue.lua), and the node's
+-- publish command (see queue.lua).
 --
--- Returns {1, fence} granted (or already ours: a resend, or a grant that
--- reached the waiter before its message); {0, pttl} held by another;
--- {2, pttl} held by another and the caller waits in the queue (entry added
--- or its liveness refreshed); {3, 0} the caller's entry, known queued, is
--- gone; {-1, 0} a nested acquire found its hold gone.
+-- Returns one integer (a table costs redis-server more to answer): the fence
+-- token (0 without fencing) when granted, or already ours (a resend, or a
+-- grant that reached the waiter before its message); else -(4 * pttl +
+-- code) - 1 with pttl the holder's remaining lease in ms and code 0 held by
+-- another, 1 held by another and the caller waits in the queue (entry added
+-- or kept), 2 the caller's entry, known queued, is gone, 3 a nested acquire
+-- found its hold gone.
 --
 -- Counts are absolute: applied twice, a call changes nothing the second time.
 local hash, queue = KEYS[1], KEYS[3]
 local owner, have, want, lease, fencing = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 
---#include take.lua
-
---#include queue.lua
---#include enqueue.lua
-
-local cur = redis.pcall('hget', hash, owner)
-if type(cur) == 'table' then return type_error(hash, 'hash') end
-
 if have ~= '0' then
   -- Nested: the hold must still be ours.
-  if not cur then return {-1, 0} end
+  local cur = redis.pcall('hget', hash, owner)
+  if type(cur) == 'table' then
+--#include hash_error.lua
+  end
+  if not cur then return -4 end
   redis.call('hset', hash, owner, want)
   if lease ~= '0' then redis.call('pexpire', hash, lease) end
-  return {1, 0}
+  return 0
 end
+
+-- The hash's TTL answers the first questions: is the lock free (-2), and
+-- how long may the caller have to wait.
+local pttl = redis.call('pttl', hash)
+if pttl == -2 and redis.call('exists', queue) == 0 then
+  -- Free, and nobody queued. (A fence counter that cannot be incremented
+  -- falls through to the slow path, which names the key.)
+  local f = 0
+  if fencing ~= '0' then
+    local fence_key = KEYS[2]
+    f = redis.pcall('incr', fence_key)
+--#include seed.lua
+  end
+  if type(f) == 'number' then
+    redis.call('hset', hash, owner, want)
+    redis.call('pexpire', hash, lease)
+    return f
+  end
+end
+
+local cur = false
+if pttl ~= -2 then
+  cur = redis.pcall('hget', hash, owner)
+  if type(cur) == 'table' then
+--#include hash_error.lua
+  end
+end
+
+--#include enqueue.lua
 
 if fencing ~= '0' then
-  local bad = counter_error()
-  if bad then return bad end
+--#include counter.lua
 end
 
--- A wait id of '+<id>' says the entry is known queued: if it is gone (it was
--- handed the lock, which ended before the waiter took it, or it expired),
--- the waiter must queue again under a new id, not this one (reply 3).
-local entry, known = wait_entry(fencing == '0' and '0' or '1')
+--#include take_hash.lua
 
 if cur then
   -- Our field exists: a resend of an acquire that was applied, or a queue
   -- grant this waiter has not heard of yet. Set the full lease.
-  redis.call('hset', hash, owner, want)
-  redis.call('pexpire', hash, lease)
-  if entry then drop_entry(entry) end
-  local f = 0
-  if fencing == '2' then
-    f = next_fence()
-  elseif fencing == '1' then
-    f = tonumber(redis.call('get', fence_key) or next_fence())
-  end
-  return {1, f}
+  if fencing == '0' then return take(0) end
+--#include fence.lua
+  if fencing == '2' then return take(next_fence()) end
+  return take(tonumber(redis.call('get', KEYS[2]) or next_fence()))
 end
 
-if known and not redis.pcall('zscore', alive, entry) then return {3, 0} end
+--#include place.lua
 
-local now = now_us()
--- The hash's TTL answers both questions left: is the lock free (-2), and
--- how long may the caller have to wait.
-local pttl = redis.call('pttl', hash)
-if pttl == -1 then return no_expiry(hash) end
+if pttl == -1 then
+  -- remutex never leaves a hold without expiry: something else wrote it.
+  local o = redis.call('hkeys', hash)[1] or ''
+  return redis.error_reply('NOEXPIRY remutex ' .. #hash .. ' ' .. hash .. ' ' .. o)
+end
 if pttl == -2 then
-  -- Free, with waiters queued.
-  local bad = prune(now, true)
-  if bad then return bad end
-  local head, arrived = queue_head()
-  if not head or head == entry or not starving(arrived, now) then
-    -- Nobody left, the caller is the head, or normal mode lets it barge.
-    -- (The first write must be one Redis refuses when out of memory: after
-    -- any write, a script may write on past maxmemory.)
+  -- Free, with waiters queued (the last holder's lease ran out, or the
+  -- wake.lua of its release has not run yet). The queue's head is owed it:
+  -- it gets it now and the caller queues, unless the caller is the head,
+  -- or nobody takes it (or a quorum, whose waiters race for it).
+--#include queue.lua
+  local head = redis.pcall('lindex', queue, 0)
+  if type(head) == 'table' then return type_error(queue, 'list') or head end
+  if not handoff or not head or head == entry or grant_head() ~= 2 then
     local f = 0
     if fencing ~= '0' then f = next_fence() end
-    redis.call('hset', hash, owner, want)
-    redis.call('pexpire', hash, lease)
-    if entry then drop_entry(entry) end
-    return {1, f}
+    return take(f)
   end
-  -- Starvation mode, and nobody handed it on (the last holder expired):
-  -- the head gets it now; the caller queues.
-  grant_head(now, true)
   pttl = redis.call('pttl', hash)
+  if pttl < 0 then pttl = 0 end
 end
-if pttl < 0 then pttl = 0 end
-if not entry then return {0, pttl} end
-local bad = enqueue(entry, now, tonumber(ttl))
-if bad then return bad end
-return {2, pttl}
+if not entry then return -4 * pttl - 1 end
+if not there then redis.call('rpush', queue, entry) end
+redis.call('pexpire', queue, queue_keep)
+return -4 * pttl - 2

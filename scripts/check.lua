@@ -3,10 +3,11 @@
 -- within a minute should DEL be refused). Client.Check calls it to name the
 -- commands, keys or channels an ACL user may not use.
 --
--- KEYS = a hash, a sorted set and a string under the prefix, one slot.
+-- KEYS = a hash, a sorted set, a string and a list under the prefix, one
+-- slot.
 -- ARGV = the publish command ('publish' or 'spublish') and a channel under
 -- the prefix. Returns, for each refused command, "<command>: <error>".
-local h, z, s = KEYS[1], KEYS[2], KEYS[3]
+local h, z, s, l = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local refused = {}
 local function try(cmd, ...)
   local r = redis.pcall(cmd, ...)
@@ -16,7 +17,7 @@ local function try(cmd, ...)
   return r
 end
 try('time')
-try('exists', h, z, s)
+try('exists', h, z, s, l)
 try('hset', h, 'owner', '1')
 try('pexpire', h, '60000')
 try('hget', h, 'owner')
@@ -29,14 +30,20 @@ try('hdel', h, 'owner')
 try('zadd', z, '1', 'entry')
 try('pexpire', z, '60000')
 try('zscore', z, 'entry')
-try('zrange', z, '0', '-1', 'withscores')
 try('zrangebyscore', z, '-inf', '+inf')
 try('zcard', z)
 try('zremrangebyscore', z, '-inf', '0')
 try('zrem', z, 'entry')
+try('rpush', l, 'entry', 'other')
+try('pexpire', l, '60000')
+try('lpos', l, 'entry')
+try('lindex', l, 0)
+try('lrange', l, '0', '-1')
+try('lrem', l, 1, 'other')
+try('lpop', l)
 try('set', s, '1', 'px', '60000')
 try('get', s)
 try('incr', s)
 try(ARGV[1], ARGV[2], 'check')
-try('del', h, z, s)
+try('del', h, z, s, l)
 return refused

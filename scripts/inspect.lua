@@ -6,17 +6,18 @@
 -- what each key is, one letter a key:
 --   h  holders in a hash (owner -> hold count): a DistMutex, the writer of a
 --      DistRWMutex
---   r  read holders in a sorted set (owner -> deadline, server ms)
+--   r  read holders in a sorted set (owner -> deadline, server ms; 0 the
+--      key's expiry)
 --   f  a fence counter
---   q  a queue (entry -> arrival, server µs), followed by
---   a  its liveness (entry -> deadline, server ms)
+--   q  a queue (a list of entries in arrival order: see queue.lua)
 -- Returns one element a key: h {fields and counts (flat), PTTL}; r {live
 -- holders and their remaining ms (flat)}; f the counter, '' if none; q the
--- live entries and their arrival (flat, in arrival order); a 0. For a key
+-- entries, in queue order (a waiter whose process died is dropped only when
+-- its turn comes, see queue.lua). For a key
 -- of another type, or a fence counter that is not an integer, the error
 -- reply of acquire ('WRONGTYPE remutex <type> <key>').
 local roles = ARGV[1]
-local want = {h = 'hash', r = 'zset', f = 'string', q = 'zset', a = 'zset'}
+local want = {h = 'hash', r = 'zset', f = 'string', q = 'list'}
 for i = 1, #KEYS do
   local t = redis.call('type', KEYS[i])
   if type(t) == 'table' then t = t['ok'] end
@@ -36,28 +37,19 @@ local function fence(key)
   return f
 end
 
--- Holds whose deadline passed are no longer holds, pruned or not.
+-- Holds whose deadline passed are no longer holds, pruned or not. A
+-- deadline 0 is the key's expiry (a lone reader's, see rw.lua).
 local function readers(key)
   local live = {}
+  local z = redis.call('zrangebyscore', key, '0', '0')
+  for i = 1, #z do
+    live[#live + 1] = z[i]
+    live[#live + 1] = math.max(redis.call('pttl', key), 0)
+  end
   local r = redis.call('zrangebyscore', key, '(' .. string.format('%d', now), '+inf', 'withscores')
   for i = 1, #r, 2 do
     live[#live + 1] = r[i]
     live[#live + 1] = tonumber(r[i + 1]) - now
-  end
-  return live
-end
-
--- Live entries: those whose liveness deadline has not passed; the others
--- are pruned by the next script that looks at the queue.
-local function waiters(queue, alive)
-  local live = {}
-  local q = redis.call('zrange', queue, '0', '-1', 'withscores')
-  for i = 1, #q, 2 do
-    local deadline = redis.call('zscore', alive, q[i])
-    if deadline and tonumber(deadline) > now then
-      live[#live + 1] = q[i]
-      live[#live + 1] = q[i + 1]
-    end
   end
   return live
 end
@@ -74,9 +66,7 @@ for i = 1, #KEYS do
     if bad then return bad end
     out[i] = f
   elseif role == 'q' then
-    out[i] = waiters(key, KEYS[i + 1])
-  else
-    out[i] = 0
+    out[i] = redis.call('lrange', key, '0', '-1')
   end
 end
 return out

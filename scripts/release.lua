@@ -1,9 +1,9 @@
 -- release: lower a hold's count, or end the hold and pass the lock on.
 --
--- KEYS = hash, fence counter, queue, queue:alive (see acquire.lua).
+-- KEYS = hash, fence counter, queue (see acquire.lua).
 -- ARGV = owner, count wanted, lease ms ('0' keeps the TTL; for a final
 -- release, how long the key stays held by nobody, WithMinHold, '0' none),
--- and the two arguments of the slow paths (see queue.lua).
+-- and the node's publish command (see queue.lua).
 -- Returns 0 not held; 1 done; 2 done and handed to the head of the queue.
 --
 -- A final release leaves no marker: a resent one finds nothing and answers 0,
@@ -28,6 +28,4 @@ if redis.call('exists', hash, queue) ~= 1 then return 1 end
 
 --#include queue.lua
 
-local now = now_us()
-if prune(now) then return 1 end -- a queue key of another type: nobody to wake
-return grant_head(now, false)
+return grant_head()

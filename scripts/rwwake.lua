@@ -2,13 +2,12 @@
 -- ZREM (see quick.go) while somebody was queued: whoever waits for what is
 -- over now is let in, as runlock.lua would have done.
 --
--- KEYS = writer hash W, fence counter, queue, queue:alive, readers R (see
--- rw.lua). ARGV = the two arguments of the slow paths (see queue.lua).
+-- KEYS = writer hash W, fence counter, queue, readers R (see rw.lua).
+-- ARGV = the node's publish command (see queue.lua).
 -- Returns 2 handed off, 1 otherwise.
 
 --#include queue.lua
 --#include rw.lua
 
-local now = now_us()
-if prune(now) or prune_readers(now_ms(now)) then return 1 end
-return grant_rw(now)
+if prune_readers() then return 1 end
+return grant_rw()

@@ -2,7 +2,8 @@
 -- writer), first in its script with nothing built before it: the hash and
 -- every key after the fence counter (the queue; a read/write lock's readers)
 -- missing. A fence counter that cannot be incremented falls through to the
--- slow path, which names the key.
+-- slow path, which names the key. Returns the fence token (0 without
+-- fencing): granted.
 if ARGV[2] == '0' and redis.call('exists', KEYS[1], unpack(KEYS, 3)) == 0 then
   local f = 0
   if ARGV[5] ~= '0' then
@@ -13,6 +14,6 @@ if ARGV[2] == '0' and redis.call('exists', KEYS[1], unpack(KEYS, 3)) == 0 then
   if type(f) == 'number' then
     redis.call('hset', KEYS[1], ARGV[1], ARGV[3])
     redis.call('pexpire', KEYS[1], ARGV[4])
-    return {1, f}
+    return f
   end
 end

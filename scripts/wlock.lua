@@ -1,61 +1,49 @@
 -- wlock: take a read/write lock for writing, raise a write hold's count, or
 -- wait in the lock's queue (DistRWMutex.Lock).
 --
--- KEYS = writer hash W, fence counter, queue, queue:alive, readers R (see
--- rw.lua). ARGV as acquire.lua's, and the same replies: {1, fence} granted,
--- {0, pttl} busy, {2, pttl} busy and queued, {3, 0} the caller's entry,
--- known queued, is gone, {-1, 0} a nested acquire found its hold gone.
+-- KEYS = writer hash W, fence counter, queue, readers R (see rw.lua). ARGV
+-- and the reply as acquire.lua's.
 local hash, queue = KEYS[1], KEYS[3]
 local owner, have, want, lease, fencing = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 
 --#include take.lua
 
+local cur = redis.pcall('hget', hash, owner)
+if type(cur) == 'table' then
+--#include hash_error.lua
+end
+
+if have ~= '0' then
+  if not cur then return -4 end
+  redis.call('hset', hash, owner, want)
+  if lease ~= '0' then redis.call('pexpire', hash, lease) end
+  return 0
+end
+
 --#include queue.lua
 --#include rw.lua
 --#include enqueue.lua
 
-local cur = redis.pcall('hget', hash, owner)
-if type(cur) == 'table' then return type_error(hash, 'hash') end
-
-if have ~= '0' then
-  if not cur then return {-1, 0} end
-  redis.call('hset', hash, owner, want)
-  if lease ~= '0' then redis.call('pexpire', hash, lease) end
-  return {1, 0}
-end
-
 if fencing ~= '0' then
-  local bad = counter_error()
-  if bad then return bad end
+--#include counter.lua
 end
 
-local entry, known = wait_entry(fencing == '0' and 'w' or 'W')
-
-local function take(f)
-  redis.call('hset', hash, owner, want)
-  redis.call('pexpire', hash, lease)
-  if entry then drop_entry(entry) end
-  return {1, f}
-end
+--#include take_hash.lua
 
 if cur then
   -- A resend of an acquire that was applied, or a grant not heard of yet.
-  local f = 0
-  if fencing == '2' then
-    f = next_fence()
-  elseif fencing == '1' then
-    f = tonumber(redis.call('get', fence_key) or next_fence())
-  end
-  return take(f)
+  if fencing == '2' then return take(next_fence()) end
+  if fencing == '1' then return take(tonumber(redis.call('get', KEYS[2]) or next_fence())) end
+  return take(0)
 end
 
-if known and not redis.pcall('zscore', alive, entry) then return {3, 0} end
+--#include place.lua
 
-local now = now_us()
-local bad = prune(now, true) or prune_readers(now_ms(now))
+local bad = prune_readers()
 if bad then return bad end
-if redis.call('exists', hash) == 0 and redis.call('zcard', KEYS[5]) == 0 then
-  local head = queue_head()
+if redis.call('exists', hash) == 0 and redis.call('zcard', R) == 0 then
+  local head = redis.pcall('lindex', queue, 0)
+  if type(head) == 'table' then return type_error(queue, 'list') or head end
   if not head or head == entry or not handoff then
     local f = 0
     if fencing ~= '0' then f = next_fence() end
@@ -64,11 +52,11 @@ if redis.call('exists', hash) == 0 and redis.call('zcard', KEYS[5]) == 0 then
 end
 -- Whoever waits for what is over now gets it (readers at the head while
 -- no writer holds, the head writer of a free lock); the caller queues.
-grant_rw(now)
+grant_rw()
 local wait
-wait, bad = rw_pttl(now)
+wait, bad = rw_pttl()
 if bad then return bad end
-if not entry then return {0, wait} end
-bad = enqueue(entry, now, tonumber(ttl))
-if bad then return bad end
-return {2, wait}
+if not entry then return -4 * wait - 1 end
+if not there then redis.call('rpush', queue, entry) end
+redis.call('pexpire', queue, queue_keep)
+return -4 * wait - 2

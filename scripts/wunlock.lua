@@ -3,8 +3,8 @@
 -- RLock under its write hold), that read hold stays: the lock is
 -- downgraded, and the readers waiting at the head of the queue enter.
 --
--- KEYS = writer hash W, fence counter, queue, queue:alive, readers R (see
--- rw.lua). ARGV and replies as runlock.lua's.
+-- KEYS = writer hash W, fence counter, queue, readers R (see rw.lua).
+-- ARGV and replies as runlock.lua's.
 local hash, queue = KEYS[1], KEYS[3]
 local owner, want = ARGV[1], ARGV[2]
 
@@ -14,6 +14,5 @@ if redis.call('exists', queue) == 0 then return 1 end
 --#include queue.lua
 --#include rw.lua
 
-local now = now_us()
-if prune(now) or prune_readers(now_ms(now)) then return 1 end
-return grant_rw(now)
+if prune_readers() then return 1 end
+return grant_rw()

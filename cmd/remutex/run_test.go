@@ -43,8 +43,8 @@ func lockStateOn(t testing.TB, rdb redis.UniversalClient, name string) lockStatu
 }
 
 // holderForm is how run and status name a holder: its owner token
-// (<32 hex>.<host>.<pid>:<goroutine id>), then its pid and host.
-var holderForm = regexp.MustCompile(`[0-9a-f]{32}\.([A-Za-z0-9._-]+)\.(\d+):\d+ \(pid (\d+) on ([A-Za-z0-9._-]+)\)`)
+// (<22 base64url>.<host>.<pid>:<goroutine id>), then its pid and host.
+var holderForm = regexp.MustCompile(`[A-Za-z0-9_-]{22}\.([A-Za-z0-9._-]+)\.(\d+):\d+ \(pid (\d+) on ([A-Za-z0-9._-]+)\)`)
 
 // awaitWaiter waits until a Client other than the holder waits for the lock:
 // it is queued in Redis or subscribed to the release channel.
@@ -297,19 +297,22 @@ func alive(pid int) bool {
 	return !strings.HasPrefix(rest, "Z") && !strings.HasPrefix(rest, "X")
 }
 
+// stopTraps are the commands' two ways to take the SIGTERM of a lost lease,
+// and what then shows: in the command's log, or in remutex's stderr.
+var stopTraps = []struct {
+	name, trap, want string
+}{
+	{"command stops on SIGTERM", `trap 'echo got TERM >> "$LOG"; exit 0' TERM`, "got TERM"},
+	{"command ignores SIGTERM", `trap '' TERM`, "SIGKILL"},
+}
+
 // TestRunLostLease deletes the lock's key behind the holder's back: remutex
 // sees the lease lost, sends the command SIGTERM (then SIGKILL after --grace
 // if it ignores that), and exits with status 79.
 func TestRunLostLease(t *testing.T) {
 	t.Parallel()
 	srv := sharedRedis(t)
-	tests := []struct {
-		name, trap, want string
-	}{
-		{"command stops on SIGTERM", `trap 'echo got TERM >> "$LOG"; exit 0' TERM`, "got TERM"},
-		{"command ignores SIGTERM", `trap '' TERM`, "SIGKILL"},
-	}
-	for _, tt := range tests {
+	for _, tt := range stopTraps {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			name := lockName(t, "lock")

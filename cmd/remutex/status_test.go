@@ -38,8 +38,8 @@ func TestStatusJSON(t *testing.T) {
 	switch {
 	case h.Name != held || h.Key != "remutex:{"+held+"}" || !h.Held:
 		t.Errorf("held lock: name %q key %q held %v, want %q, %q, true", h.Name, h.Key, h.Held, held, "remutex:{"+held+"}")
-	case len(h.Holders) != 1 || h.Holders[0].Count != 1 || !regexp.MustCompile(`^[0-9a-f]{32}\.[A-Za-z0-9._-]+\.\d+:\d+$`).MatchString(h.Holders[0].Owner):
-		t.Errorf("holders %+v, want one owner <32 hex>.<host>.<pid>:<goroutine id> with count 1", h.Holders)
+	case len(h.Holders) != 1 || h.Holders[0].Count != 1 || !regexp.MustCompile(`^[A-Za-z0-9_-]{22}\.[A-Za-z0-9._-]+\.\d+:\d+$`).MatchString(h.Holders[0].Owner):
+		t.Errorf("holders %+v, want one owner <22 base64url>.<host>.<pid>:<goroutine id> with count 1", h.Holders)
 	case h.Holders[0].PID != holder.cmd.Process.Pid || h.Holders[0].Host == "" ||
 		!strings.Contains(h.Holders[0].Owner, fmt.Sprintf(".%s.%d:", h.Holders[0].Host, h.Holders[0].PID)):
 		t.Errorf("holder %+v: want the host and pid (%d) of the holding remutex, as in its owner token", h.Holders[0], holder.cmd.Process.Pid)
@@ -53,6 +53,9 @@ func TestStatusJSON(t *testing.T) {
 	f := got[1]
 	if f.Name != free || f.Held || len(f.Holders) != 0 || f.TTLMillis != 0 || f.Fence != 0 || f.Queued != 0 || f.Error != "" {
 		t.Errorf("free lock: got %+v, want not held, no holders, ttl 0, fence 0, nothing queued", f)
+	}
+	if !strings.Contains(stdout, `"kept": false`) {
+		t.Errorf("a held lock's holder should say \"kept\": false:\n%s", stdout)
 	}
 	if !strings.Contains(stdout, `"holders": []`) {
 		t.Errorf("a free lock's holders should be an empty array, not null:\n%s", stdout)

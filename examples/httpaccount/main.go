@@ -551,7 +551,7 @@ func busyAccount(ctx context.Context, addr string, cfg config) (busyCheck, error
 	if holder, err := admin.HKeys(ctx, carol).Result(); err != nil || strings.Join(holder, ",") != strings.Join(holderBefore, ",") {
 		bc.leftovers = append(bc.leftovers, fmt.Sprintf("carol's lock holders changed: %v, was %v (%v)", holder, holderBefore, err))
 	}
-	if n, err := admin.ZCard(ctx, carol+":queue").Result(); err != nil || n != 0 {
+	if n, err := admin.LLen(ctx, carol+":waiting").Result(); err != nil || n != 0 {
 		bc.leftovers = append(bc.leftovers, fmt.Sprintf("%d waiters queued for carol's lock (%v)", n, err))
 	}
 	if bal, err := b.balances(ctx, admin); err != nil || bal["alice"] != cfg.opening || bal["carol"] != cfg.opening {

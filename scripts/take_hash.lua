@@ -1,0 +1,8 @@
+-- Takes the lock held in the hash (acquire.lua's, wlock.lua's writer) with
+-- fence token f, leaving the queue.
+local function take(f)
+  redis.call('hset', hash, owner, want)
+  redis.call('pexpire', hash, lease)
+  if entry then redis.call('lrem', queue, 1, entry) end
+  return f
+end
