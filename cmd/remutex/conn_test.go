@@ -134,6 +134,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"run", "--grace", "-1s", "x", "--", "true"}, "--grace"},
 		{[]string{"run", "--fence-env", "A=B", "x", "--", "true"}, "not a variable name"},
 		{[]string{"run", "--read", "--write", "x", "--", "true"}, "--read and --write exclude each other"},
+		{[]string{"run", "--min-hold", "2s", "--max-hold", "1s", "x", "--", "true"}, "--min-hold 2s exceeds --max-hold 1s"}, // more in TestRunHoldUsageErrors
 		{[]string{"run", "}x", "--", "true"}, `run: lock name "}x" starts with '}'`},
 		{[]string{"run", "", "--", "true"}, "run: empty lock name"},
 		{[]string{"run", strings.Repeat("n", 1025), "--", "true"}, "run: lock name of 1025 bytes exceeds 1024"},
@@ -171,7 +172,7 @@ func TestHelp(t *testing.T) {
 	}{
 		{[]string{"-h"}, []string{"remutex: a distributed lock", "remutex help COMMAND", "--version"}},
 		{[]string{"help"}, []string{"remutex: a distributed lock", "remutex help COMMAND"}},
-		{[]string{"help", "run"}, []string{"Usage: remutex run", "process group", "-grace", "-lease", "-read", "-wait", "-write"}},
+		{[]string{"help", "run"}, []string{"Usage: remutex run", "process group", "-grace", "-lease", "-max-hold", "-min-hold", "-read", "-wait", "-write"}},
 		{[]string{"run", "-h"}, []string{"Usage: remutex run", "-lease"}},
 		{[]string{"help", "status"}, []string{"Usage: remutex status", "-json"}},
 		{[]string{"status", "--help"}, []string{"Usage: remutex status"}},

@@ -52,7 +52,7 @@ type lockStatus struct {
 	// Kind is "mutex", "rwmutex" (a read/write lock), or "" when nothing of
 	// any kind is under the name.
 	Kind    string   `json:"kind"`
-	Held    bool     `json:"held"`    // some owner holds it
+	Held    bool     `json:"held"`    // taken: some owner holds it, or it is kept (see holder.Kept)
 	Holders []holder `json:"holders"` // its holds; [] when free
 	// TTLMillis is the remaining lease in milliseconds, the longest of the
 	// holds': 0 when free, -1 if a key has no expiry (not something remutex
@@ -79,11 +79,15 @@ type lockStatus struct {
 	Error  string       `json:"error,omitempty"` // why the lock could not be read
 }
 
+// holder is one hold of a lock. A kept hold is a mutex's hold that its
+// holder released while its minimum hold (run --min-hold) had time left:
+// nobody holds the lock, but it stays taken for TTLMillis more.
 type holder struct {
 	Owner     string `json:"owner"`  // <client id>:<goroutine id>
-	Count     int64  `json:"count"`  // its hold count (1 for a read hold)
+	Count     int64  `json:"count"`  // its hold count (1 for a read hold, 0 for a kept one)
 	Read      bool   `json:"read"`   // a read hold of a read/write lock
-	TTLMillis int64  `json:"ttl_ms"` // its remaining lease; -1: no expiry
+	Kept      bool   `json:"kept"`   // kept taken by its minimum hold after its release
+	TTLMillis int64  `json:"ttl_ms"` // its remaining lease (kept: minimum hold); -1: no expiry
 	Host      string `json:"host"`   // host of the holder's process
 	PID       int    `json:"pid"`    // its process id
 }
@@ -123,7 +127,7 @@ func statusOf(info remutex.LockInfo) lockStatus {
 		Subscribers:    int64(info.Subscribers),
 	}
 	for i, h := range info.Holders {
-		st.Holders[i] = holder{Owner: h.Owner, Count: int64(h.Count), Read: h.Read, TTLMillis: millis(h.TTL), Host: h.Host, PID: h.PID}
+		st.Holders[i] = holder{Owner: h.Owner, Count: int64(h.Count), Read: h.Read, Kept: h.Kept, TTLMillis: millis(h.TTL), Host: h.Host, PID: h.PID}
 	}
 	return st
 }
@@ -152,9 +156,14 @@ func (st lockStatus) ofKind(kind string) lockStatus {
 	return lockStatus{Name: st.Name, Kind: kind, Holders: []holder{}}
 }
 
+// stateKept is the state of a mutex that nobody holds but that its minimum
+// hold keeps taken (run --min-hold).
+const stateKept = "kept"
+
 // state says in a word whether the lock is held and how: "free", "held" (a
-// mutex), "write" (a read/write lock held for writing, "write, read ×N"
-// while its writer also holds a read hold), "read ×N" (N readers).
+// mutex), "kept" (a mutex held by nobody, kept taken by its minimum hold),
+// "write" (a read/write lock held for writing, "write, read ×N" while its
+// writer also holds a read hold), "read ×N" (N readers).
 func (st lockStatus) state() string {
 	writers := int64(len(st.Holders)) - st.Readers
 	switch {
@@ -162,6 +171,8 @@ func (st lockStatus) state() string {
 		return "not a lock"
 	case !st.Held:
 		return "free"
+	case st.Kind != kindRWMutex && st.kept():
+		return stateKept
 	case st.Kind != kindRWMutex:
 		return "held"
 	case writers > 0 && st.Readers > 0:
@@ -170,6 +181,17 @@ func (st lockStatus) state() string {
 		return "write"
 	}
 	return fmt.Sprintf("read ×%d", st.Readers)
+}
+
+// kept reports whether st's holds are all kept by a minimum hold: nobody
+// holds the lock, but it is taken.
+func (st lockStatus) kept() bool {
+	for _, h := range st.Holders {
+		if !h.Kept {
+			return false
+		}
+	}
+	return len(st.Holders) > 0
 }
 
 // describe says who a holder is, for people.
@@ -184,6 +206,8 @@ func (h holder) describe() string {
 // holds it, and how much of its lease is left.
 func (h holder) describeHold(kind string) string {
 	switch {
+	case h.Kept:
+		return fmt.Sprintf("kept taken by its minimum hold after a run by %s, with %s of it left", h.describe(), describeTTL(h.TTLMillis))
 	case kind != kindRWMutex:
 		return fmt.Sprintf("held by %s, hold count %d, with %s of its lease left", h.describe(), h.Count, describeTTL(h.TTLMillis))
 	case h.Read:

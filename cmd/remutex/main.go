@@ -8,7 +8,7 @@
 //
 // Usage:
 //
-//	remutex run [--lease D] [--wait D] [--grace D] [--fence-env NAME] [--read | --write] NAME -- COMMAND [ARGS...]
+//	remutex run [--lease D | --max-hold D] [--min-hold D] [--wait D] [--grace D] [--fence-env NAME] [--read | --write] NAME -- COMMAND [ARGS...]
 //	remutex status [--json] NAME...
 //	remutex unlock --force [--yes] NAME
 //	remutex help [COMMAND]
@@ -29,6 +29,24 @@
 // queues behind the writer. A --read run gets the token of the latest write
 // (0 before any).
 //
+// Scheduled jobs: the same cron line on several machines, whose clocks and
+// schedulers differ, runs its job once per tick with
+//
+//	remutex run --wait 0 --min-hold 30s --max-hold 10m nightly-report -- ./report.sh
+//
+// --min-hold D (remutex.WithMinHold, a mutex's option: not with --read or
+// --write) keeps the lock taken until D after it was taken, even if the
+// command was done sooner, so that the runners that come later in the same
+// tick find it taken and, with --wait 0, skip it (exit status 75). Choose D
+// longer than the skew between the machines and shorter than the tick.
+// --max-hold D (remutex.WithLease and WithoutRenewal) makes the lease D and
+// fixed instead of renewed, in place of --lease: a runner that dies frees the
+// job after D at most, and a command still running when the lease runs out
+// is stopped as after any lost lease (below), since if it ran on unlocked the
+// next run could start beside it. --min-hold must not exceed --max-hold. By
+// default neither is set: the lock is free when the command exits, and the
+// lease is renewed for as long as it runs.
+//
 // The command runs in a process group of its own, watched by a supervisor (a
 // second remutex process), so that no process of the command outlives the
 // lock:
@@ -37,8 +55,9 @@
 //     group, also when remutex was started with them ignored (nohup): the
 //     command gets default signal dispositions.
 //   - If the lease is lost (Redis unreachable for longer than the lease, the
-//     key deleted), the group gets SIGTERM, then SIGKILL after --grace
-//     (default 5s), and remutex exits with status 79.
+//     key deleted, the fixed lease of --max-hold run out), the group gets
+//     SIGTERM, then SIGKILL after --grace (default 5s), and remutex exits
+//     with status 79.
 //   - Processes the command leaves running when it exits get SIGTERM, then
 //     SIGKILL after --grace; the lock is released only once they are gone.
 //   - If remutex dies, even of SIGKILL, the supervisor kills the group at once.
@@ -52,7 +71,9 @@
 // and Ctrl-C reaches it once; stopping it with Ctrl-Z is not supported.
 //
 // status prints, for each lock, of each kind under its name (mutex,
-// rwmutex), its state (free, held, write, read ×N), each hold's owner token
+// rwmutex), its state (free, held, kept, write, read ×N; kept: a mutex that
+// nobody holds but its minimum hold keeps taken, for the time its TTL
+// shows), each hold's owner token
 // with the host and pid of the holding process, its mode (read or write, for
 // a read/write lock), hold count and remaining lease, the last fencing token
 // handed out, the waiters queued in Redis and how many of them wait to
@@ -68,6 +89,7 @@
 // standard input unless --yes is given, it releases only the holds it showed
 // (nothing if the lock changed hands since it was read), and it names those
 // that had ended meanwhile. Each holder, if it resumes, finds its lease lost.
+// It also frees a mutex kept by its minimum hold.
 //
 // # Connection
 //
@@ -89,7 +111,7 @@
 //	64     usage error
 //	69     Redis error: unreachable, a failed command, a key of another type
 //	75     run: --wait passed and the lock was still held; the command did not run
-//	79     run: the lease was lost while the command ran
+//	79     run: the lease was lost while the command ran (or --max-hold passed)
 //	126    run: COMMAND could not be executed
 //	127    run: COMMAND was not found
 package main
@@ -123,7 +145,7 @@ const (
 const usageText = `remutex: a distributed lock on Redis for scripts and cron jobs
 
 Usage:
-  remutex run [--lease D] [--wait D] [--grace D] [--fence-env NAME] [--read | --write] NAME -- COMMAND [ARGS...]
+  remutex run [--lease D | --max-hold D] [--min-hold D] [--wait D] [--grace D] [--fence-env NAME] [--read | --write] NAME -- COMMAND [ARGS...]
   remutex status [--json] NAME...
   remutex unlock --force [--yes] NAME
   remutex help [COMMAND]
@@ -132,8 +154,10 @@ Usage:
 Commands:
   run     take lock NAME (waiting up to --wait), run COMMAND while the lease is
           renewed, release the lock when it exits, and exit with its status;
-          --read or --write take the read/write lock NAME for reading or writing
-  status  show each lock's kind and state (free, held, write, read ×N), its
+          --read or --write take the read/write lock NAME for reading or
+          writing; --min-hold and --max-hold bound the hold from below and
+          above, for a scheduled job that is to run once per tick
+  status  show each lock's kind and state (free, held, kept, write, read ×N), its
           holders (owner, mode, host, pid), hold counts, remaining leases,
           last fencing token, queued waiters, waiting writers and subscribed
           Clients
@@ -156,8 +180,8 @@ Exit status:
   64     usage error
   69     Redis error: unreachable, a failed command, a key of another type
   75     run: --wait passed while the lock was held; the command did not run
-  79     run: the lease was lost while the command ran (its process group was
-         sent SIGTERM, then SIGKILL after --grace)
+  79     run: the lease was lost while the command ran, or --max-hold passed
+         (its process group was sent SIGTERM, then SIGKILL after --grace)
   126    run: COMMAND could not be executed
   127    run: COMMAND was not found
 `

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"io/fs"
@@ -33,14 +34,29 @@ independent of the mutex): any number of --read runs at once, or one --write
 run, and readers that come while a writer waits queue behind it. A --read
 run's fencing token is that of the latest write (0 before any).
 
+For a scheduled job that runs on several machines (the same cron line on
+each), --min-hold keeps the lock taken until that long after it was taken,
+even if the command was done sooner, so that the runners whose clocks or
+schedulers are late find it taken: with --wait 0 they skip the tick, and the
+job runs once per tick. Choose it longer than the clocks' skew and shorter
+than the tick; it is a mutex's option (not with --read or --write). While it
+holds, status shows the lock as kept. --max-hold D bounds the hold instead
+of renewing it: the lease is D, fixed, so a runner that dies frees the job
+after D at most, and a command still running at D is stopped as after any
+lost lease (below), since letting it run on unlocked would let the next run
+in beside it. It replaces --lease, and --min-hold must not exceed it:
+
+  remutex run --wait 0 --min-hold 30s --max-hold 10m nightly-report -- ./report.sh
+
 The command runs in a process group of its own, watched by a second remutex
 process (the supervisor), so that what the command starts goes with it:
   - SIGINT, SIGTERM and SIGHUP sent to remutex are passed on to the group,
     also when remutex was started with them ignored (nohup): the command gets
     default signal dispositions. To survive a hangup, use
     remutex run NAME -- nohup COMMAND.
-  - If the lease is lost, the group gets SIGTERM, then SIGKILL after --grace,
-    and remutex exits with status 79.
+  - If the lease is lost (with --max-hold: when it runs out, a little before
+    D by remutex's clock, so that Redis still holds the lock), the group gets
+    SIGTERM, then SIGKILL after --grace, and remutex exits with status 79.
   - When the command exits, processes it left running in the group get
     SIGTERM, then SIGKILL after --grace; the lock is released only once the
     group is empty.
@@ -55,8 +71,9 @@ On a terminal the command's group is the foreground group while it runs: it
 can read the terminal, and Ctrl-C reaches it once. Ctrl-Z is not supported.
 
 Exit status: the command's; 64 usage error; 69 Redis error; 75 --wait passed
-while the lock was held (the command did not run); 79 lease lost; 126 the
-command could not be executed; 127 the command was not found.
+while the lock was held (the command did not run); 79 lease lost, or
+--max-hold reached; 126 the command could not be executed; 127 the command
+was not found.
 
 Flags:
 `
@@ -132,6 +149,13 @@ type runConfig struct {
 	fenceEnv string
 	read     bool // --read: the read lock of the read/write lock NAME
 	write    bool // --write: its write lock
+	// minHold is --min-hold: the lock stays taken until this long after it
+	// was taken (remutex.WithMinHold); 0, the default: free at once.
+	minHold time.Duration
+	// maxHold is --max-hold: a fixed lease of this length, not renewed
+	// (remutex.WithLease and WithoutRenewal), in place of lease; 0, the
+	// default: lease, renewed while the command runs.
+	maxHold time.Duration
 }
 
 // kind is the kind of lock cfg takes.
@@ -140,6 +164,48 @@ func (cfg *runConfig) kind() string {
 		return kindRWMutex
 	}
 	return kindMutex
+}
+
+// options are the options of the lock cfg takes.
+func (cfg *runConfig) options() []remutex.MutexOption {
+	opts := []remutex.MutexOption{remutex.WithLease(cfg.lease)}
+	if cfg.maxHold > 0 {
+		opts = []remutex.MutexOption{remutex.WithLease(cfg.maxHold), remutex.WithoutRenewal()}
+	}
+	if cfg.minHold > 0 {
+		opts = append(opts, remutex.WithMinHold(cfg.minHold))
+	}
+	if cfg.fenceEnv != "" {
+		opts = append(opts, remutex.WithFencing())
+	}
+	return opts
+}
+
+// check says what is wrong with cfg's flags, or nil; leaseSet reports that
+// --lease was given.
+func (cfg *runConfig) check(leaseSet bool) error {
+	inRange := func(d time.Duration) bool { return d >= remutex.MinLease && d <= remutex.MaxLease }
+	switch {
+	case !inRange(cfg.lease):
+		return fmt.Errorf("--lease %v: must be between 50ms and 24h", cfg.lease)
+	case cfg.grace < 0:
+		return fmt.Errorf("--grace %v: must not be negative", cfg.grace)
+	case strings.ContainsAny(cfg.fenceEnv, "=\x00"):
+		return fmt.Errorf("--fence-env %q is not a variable name", cfg.fenceEnv)
+	case cfg.read && cfg.write:
+		return errors.New("--read and --write exclude each other (a read/write lock is taken for one or the other)")
+	case cfg.minHold != 0 && !inRange(cfg.minHold):
+		return fmt.Errorf("--min-hold %v: must be between 50ms and 24h", cfg.minHold)
+	case cfg.maxHold != 0 && !inRange(cfg.maxHold):
+		return fmt.Errorf("--max-hold %v: must be between 50ms and 24h", cfg.maxHold)
+	case cfg.maxHold != 0 && leaseSet:
+		return errors.New("--lease and --max-hold exclude each other (--max-hold is a lease that is not renewed)")
+	case cfg.maxHold != 0 && cfg.minHold > cfg.maxHold:
+		return fmt.Errorf("--min-hold %v exceeds --max-hold %v: the lock is held at most that long", cfg.minHold, cfg.maxHold)
+	case cfg.minHold != 0 && (cfg.read || cfg.write):
+		return errors.New("--min-hold is for a mutex, not with --read or --write")
+	}
+	return nil
 }
 
 // runLock is the lock run holds: a DistMutex, or a side of a DistRWMutex.
@@ -183,6 +249,10 @@ func (c *cli) run(args []string) int {
 		"environment `variable` that gets the fencing token; empty: no fencing")
 	fs.BoolVar(&cfg.read, "read", false, "take the read lock of the read/write lock NAME, which other --read runs share")
 	fs.BoolVar(&cfg.write, "write", false, "take the write lock of the read/write lock NAME")
+	fs.Var((*durationValue)(&cfg.minHold), "min-hold",
+		"keep the lock taken until this `duration` after it was taken, even if the command is done sooner (scheduled jobs: once per tick); 0: off")
+	fs.Var((*durationValue)(&cfg.maxHold), "max-hold",
+		"hold the lock at most this `duration`: a lease that is not renewed, in place of --lease; the command is stopped when it runs out; 0: off")
 	if code, ok := c.parse(fs, args, func(w io.Writer) {
 		fmt.Fprint(w, runUsage)
 		fs.SetOutput(w)
@@ -193,15 +263,10 @@ func (c *cli) run(args []string) int {
 	if err := cfg.positional(fs.Args()); err != nil {
 		return c.usageError("run: %v (usage: remutex run [flags] NAME -- COMMAND [ARGS...])", err)
 	}
-	switch {
-	case cfg.lease < remutex.MinLease || cfg.lease > remutex.MaxLease:
-		return c.usageError("run: --lease %v: must be between 50ms and 24h", cfg.lease)
-	case cfg.grace < 0:
-		return c.usageError("run: --grace %v: must not be negative", cfg.grace)
-	case strings.ContainsAny(cfg.fenceEnv, "=\x00"):
-		return c.usageError("run: --fence-env %q is not a variable name", cfg.fenceEnv)
-	case cfg.read && cfg.write:
-		return c.usageError("run: --read and --write exclude each other (a read/write lock is taken for one or the other)")
+	leaseSet := false
+	fs.Visit(func(f *flag.Flag) { leaseSet = leaseSet || f.Name == "lease" })
+	if err := cfg.check(leaseSet); err != nil {
+		return c.usageError("run: %v", err)
 	}
 	if err := checkName(cfg.name); err != nil {
 		return c.usageError("run: %v", err)
@@ -261,11 +326,7 @@ func (c *cli) runLocked(cfg runConfig) int {
 	var seen lastError
 	locks := c.lockClient(rdb, remutex.WithErrorHandler(seen.set))
 	defer locks.Close() // before rdb.Close: deferred calls run last in, first out
-	opts := []remutex.MutexOption{remutex.WithLease(cfg.lease)}
-	if cfg.fenceEnv != "" {
-		opts = append(opts, remutex.WithFencing())
-	}
-	m := cfg.newLock(locks, opts)
+	m := cfg.newLock(locks, cfg.options())
 
 	// Take the lock on this goroutine: holds belong to goroutines, and this
 	// one also asks for Lost and Fence and unlocks.
@@ -378,7 +439,12 @@ func (c *cli) busy(locks *remutex.Client, cfg runConfig) string {
 		return msg
 	}
 	st := all.ofKind(cfg.kind())
-	if len(st.Holders) > 0 && st.Kind == kindMutex {
+	switch {
+	case st.state() == stateKept:
+		h := st.Holders[0]
+		return fmt.Sprintf("lock %q is kept taken by its minimum hold for %s more, after a run by %s",
+			cfg.name, describeTTL(h.TTLMillis), h.describe())
+	case len(st.Holders) > 0 && st.Kind == kindMutex:
 		return msg + " by " + st.Holders[0].describe()
 	}
 	for _, h := range st.Holders {
@@ -443,7 +509,11 @@ func (c *cli) supervise(cmd *exec.Cmd, cfg runConfig, sigs <-chan os.Signal, los
 			j.signal(s)
 		case <-lost:
 			lost, lostSeen = nil, true
-			c.errorf("lease of lock %q lost: sending SIGTERM to the command (SIGKILL in %v)", cfg.name, cfg.grace)
+			why := ""
+			if cfg.maxHold > 0 {
+				why = fmt.Sprintf(" (--max-hold %v: the lease is not renewed)", cfg.maxHold)
+			}
+			c.errorf("lease of lock %q lost%s: sending SIGTERM to the command (SIGKILL in %v)", cfg.name, why, cfg.grace)
 			j.signal(sigTerm)
 			t := time.NewTimer(cfg.grace)
 			defer t.Stop()

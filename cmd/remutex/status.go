@@ -22,18 +22,23 @@ last fencing token handed out, the waiters queued in Redis (and how many of
 them wait to write), and the Clients listening for the lock's messages
 (waiting for it, or having just waited). It changes nothing.
 
-STATE is free, held (a mutex), write (a read/write lock held for writing),
-or read ×N (held for reading by N readers). MODE is a hold's: write or read
-for a read/write lock, - for a mutex. TTL is each hold's remaining lease.
+STATE is free, held (a mutex), kept (a mutex that nobody holds, kept taken
+by its minimum hold: run --min-hold), write (a read/write lock held for
+writing), or read ×N (held for reading by N readers). MODE is a hold's:
+write or read for a read/write lock, - for a mutex. TTL is each hold's
+remaining lease; for a kept lock, the time its minimum hold has left, and
+HOLDER the owner whose run it was (COUNT 0).
 
 --json prints a JSON array with one object per lock NAME:
   {"name", "key", "kind", "held",
-   "holders": [{"owner", "count", "read", "ttl_ms", "host", "pid"}],
+   "holders": [{"owner", "count", "read", "kept", "ttl_ms", "host", "pid"}],
    "ttl_ms", "fence", "readers", "queued", "writers_waiting", "subscribers",
    "others", "error"}
 kind is "mutex", "rwmutex" (a read/write lock) or "" (nothing under the
 name); key is where its holds live (a read/write lock's writer hash ends in
-":rw"); read marks a read hold; ttl_ms is the longest lease left, 0 for a
+":rw"); held is true while the lock is taken, also when kept; read marks a
+read hold; kept marks a hold kept by its minimum hold (its holder released
+it: count 0, ttl_ms the time left); ttl_ms is the longest lease left, 0 for a
 free lock; fence is 0 if no fencing token was ever handed out; readers
 counts the read holds, writers_waiting the queued waiters that wait to
 write. others (omitted when empty) holds, as objects of the same form, the

@@ -22,7 +22,8 @@ lock's readers at the head of its queue together, or its first waiting
 writer once no reader is left. Use it for a holder that is frozen rather
 than dead: a dead holder's lock ends by itself within its lease. Each
 holder, if it runs again, finds its lease lost. The fencing counter is
-kept, so tokens keep rising.
+kept, so tokens keep rising. A mutex kept taken by its minimum hold (run
+--min-hold; status shows it as kept), which nobody holds, is freed too.
 
 It shows the holds and asks for confirmation on standard input unless --yes
 is given. It releases only the holds it showed, so nothing of a lock that
@@ -104,11 +105,7 @@ func (c *cli) forceUnlock(ctx context.Context, locks *remutex.Client, name strin
 		fmt.Fprintf(c.stdout, "lock %q is not held; nothing to release\n", name)
 		return exitOK
 	}
-	question := fmt.Sprintf("Lock %q is %s.\nRelease it? Its holder loses it and may still be working.", name, holds[0])
-	if len(holds) > 1 {
-		question = fmt.Sprintf("Lock %q has %d holds:\n  %s.\nRelease them? Their holders lose them and may still be working.", name, len(holds), joinHolds(holds, ";\n  "))
-	}
-	if !yes && !c.confirm(question) {
+	if !yes && !c.confirm(question(name, holds)) {
 		fmt.Fprintln(c.stderr, "not released")
 		return exitDeclined
 	}
@@ -133,6 +130,17 @@ func (c *cli) forceUnlock(ctx context.Context, locks *remutex.Client, name strin
 	}
 	fmt.Fprintf(c.stdout, "released lock %q, %s; %s\n", name, released[0], told)
 	return exitOK
+}
+
+// question asks whether to release the holds of lock name.
+func question(name string, holds []hold) string {
+	switch {
+	case len(holds) > 1:
+		return fmt.Sprintf("Lock %q has %d holds:\n  %s.\nRelease them? Their holders lose them and may still be working.", name, len(holds), joinHolds(holds, ";\n  "))
+	case holds[0].Kept:
+		return fmt.Sprintf("Lock %q is %s.\nRelease it? Nobody holds it; its minimum hold ends now, so the job may run again at once.", name, holds[0])
+	}
+	return fmt.Sprintf("Lock %q is %s.\nRelease it? Its holder loses it and may still be working.", name, holds[0])
 }
 
 // releaseHolds releases holds with ForceUnlock, owner by owner, so that it
