@@ -59,6 +59,7 @@ type queuePlace struct {
 	arrival int64  // unix ms, on this process's clock
 	owner   string
 	known   bool // queued already: a call that finds it gone must not add it again
+	permits int  // a semaphore's request
 }
 
 // entryArg is acquire.lua's queue entry argument for r: "" never queues
@@ -68,7 +69,7 @@ func (r *acquireReq) entryArg(s *lockSpec) string {
 	if r.entry != "" || p.wait == 0 {
 		return r.entry
 	}
-	e := entryString(s, p.wait, p.arrival, p.owner)
+	e := entryString(s, p.wait, p.arrival, p.permits, p.owner)
 	if p.known {
 		return "+" + e
 	}
@@ -77,10 +78,14 @@ func (r *acquireReq) entryArg(s *lockSpec) string {
 
 // entryString is a queue entry (see queue.lua):
 // <claim ms>:<flag>:<wait id>.<arrival ms>:<owner>, the arrival for
-// Client.Inspect.
-func entryString(s *lockSpec, wait uint64, arrival int64, owner string) string {
-	return s.claimMs + ":" + s.flag + ":" + strconv.FormatUint(wait, 10) + "." +
-		strconv.FormatInt(arrival, 10) + ":" + owner
+// Client.Inspect; a semaphore's waiter adds its request after the arrival
+// (<wait id>.<arrival ms>.<permits>, see sem.lua).
+func entryString(s *lockSpec, wait uint64, arrival int64, permits int, owner string) string {
+	e := s.claimMs + ":" + s.flag + ":" + strconv.FormatUint(wait, 10) + "." + strconv.FormatInt(arrival, 10)
+	if s.size != nil {
+		e += "." + strconv.Itoa(permits)
+	}
+	return e + ":" + owner
 }
 
 // backend is where a Client's locks live: one Redis deployment (node) or a

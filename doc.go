@@ -127,8 +127,8 @@
 // a reader that dies stops blocking writers after its lease even while
 // other readers keep the key alive. Both sides share the fence counter and
 // the queue (P{N}:rw:fence and P{N}:rw:waiting), whose entries say whether
-// they wait to read or to write. The scripts wlock, rlock, wunlock, runlock and rwleave decide, with
-// rw.lua's shared slow path: a reader enters while no writer holds the lock
+// they wait to read or to write. The scripts wlock, rlock, wunlock, runlock
+// and rwleave decide, with rw.lua's shared slow path: a reader enters while no writer holds the lock
 // and nobody queues (writer preference: it queues behind any waiting
 // writer); a writer enters when nobody holds either side. On a single server
 // the queue always hands off: a release that ends what the head waits for
@@ -137,6 +137,20 @@
 // its own write hold adds a read member with its own owner token, and keeps
 // it when it unlocks the write: that is the downgrade, atomic in wunlock.
 // The watchdog renews read holds in the same batched calls as the others.
+//
+// # Semaphores
+//
+// DistSemaphore is golang.org/x/sync/semaphore's Weighted across processes,
+// on the same protocol: each Acquire is a holding of its own in the hash
+// P{N}:sem, owner token → "<permits>:<deadline>" (the deadline on the
+// server's clock, or 0 for a lone holder, whose deadline is the key's
+// expiry), renewed by the watchdog, so that the permits of a process that
+// dies come back when their lease ends. The scripts sem_acquire,
+// sem_release, sem_leave (with sem.lua's shared slow path) and quick_sem
+// count the holdings against the size, kept in P{N}:sem:size, and hand
+// freed permits to the heads of the queue P{N}:sem:waiting, first in, first
+// out: a request that does not fit blocks those behind it. Permits belong
+// to the DistSemaphore value, not to goroutines.
 //
 // # Deadlines, losses and shutdown
 //

@@ -159,6 +159,12 @@ func scriptError(err error) error {
 		if rest, ok := strings.CutPrefix(msg, "NOEXPIRY remutex "); ok {
 			return noExpiry(rest, err)
 		}
+		if rest, ok := strings.CutPrefix(msg, "SIZE remutex "); ok {
+			stored, key, _ := strings.Cut(rest, " ")
+			if n, perr := strconv.ParseInt(stored, 10, 64); perr == nil {
+				return &SizeError{Key: key, Stored: n} // (Size: the semaphore fills it in)
+			}
+		}
 		// Redis answers a command of more than a few arguments from an
 		// unauthenticated connection with "Protocol error: unauthenticated
 		// multibulk length" (and closes it), shorter ones with NOAUTH.

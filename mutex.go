@@ -342,7 +342,7 @@ func (m *DistMutex) wrapOp(op string, err error) error {
 // lock is the single implementation of the Lock family: one attempt with
 // try, else until held. Its errors are *LockError of "lock" or "trylock".
 func (m *DistMutex) lock(ctx context.Context, try bool) (bool, error) {
-	held, err := m.acquire(ctx, try)
+	held, err := m.acquire(ctx, try, 1)
 	if err != nil {
 		return false, m.wrapOp(lockOp(try), err)
 	}
@@ -360,8 +360,9 @@ func lockOp(try bool) string {
 // lost): the goroutine takes the lock anew.
 var errEnded = errors.New("remutex: hold ended")
 
-// acquire raises the calling goroutine's hold of m, or takes m anew.
-func (m *DistMutex) acquire(ctx context.Context, try bool) (bool, error) {
+// acquire raises the calling goroutine's hold of m, or takes m anew: a
+// semaphore's permits.
+func (m *DistMutex) acquire(ctx context.Context, try bool, permits int) (bool, error) {
 	c := m.client()
 	if err := ctx.Err(); err != nil {
 		return false, err
@@ -385,16 +386,23 @@ func (m *DistMutex) acquire(ctx context.Context, try bool) (bool, error) {
 			c.mu.Unlock()
 			return false, ErrUpgrade
 		}
-		return m.fresh(ctx, gid, try)
+		return m.fresh(ctx, gid, try, permits)
 	}
 }
 
 // fresh takes m for goroutine gid, which holds nothing of it; called with
 // c.mu held, it releases it.
-func (m *DistMutex) fresh(ctx context.Context, gid int64, try bool) (bool, error) {
+func (m *DistMutex) fresh(ctx context.Context, gid int64, try bool, permits int) (bool, error) {
+	h, err := m.take(ctx, gid, try, permits)
+	return h != nil, err
+}
+
+// take is fresh that returns the hold it took, or nil.
+func (m *DistMutex) take(ctx context.Context, gid int64, try bool, permits int) (*hold, error) {
 	c := m.c
 	var a attempt
 	m.initAttemptLocked(&a, gid, try)
+	a.permits = permits
 	left := c.stateLocked(m).takeLeftoverLocked(a.owner)
 	pairLeft := m.pair != nil && !a.pinned && c.stateLocked(m.pair).takeLeftoverLocked(a.owner)
 	c.attempts++ // Close waits for it to post what undoes it
@@ -414,7 +422,10 @@ func (m *DistMutex) fresh(ctx context.Context, gid int64, try bool) (bool, error
 	if try && err != nil && (cutOff(ctx, err) || transient(err) || errors.Is(err, ErrClosed)) {
 		m.undoTry(ctx, a.owner)
 	}
-	return held, err
+	if !held {
+		return nil, err
+	}
+	return a.held, err
 }
 
 // undoTry posts the release of what a TryLock's call may have got when its

@@ -393,6 +393,7 @@ func TestGiveUpLeavesNothing(t *testing.T) {
 				}
 				assert.Equal(t, outcome{r.err, 0, true}, r, "HoldCount and Lost after giving up")
 
+				settled(t, wc) // the leave is sent after LockContext returns
 				assert.Equal(t, int64(0), rdb.Exists(ctx, k.queue).Val(), "queue keys after giving up")
 				fields := rdb.HKeys(ctx, k.hash).Val()
 				if assert.Len(t, fields, 1, "holds in Redis") {

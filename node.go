@@ -183,6 +183,9 @@ func (n *node) acquire(ctx context.Context, s *lockSpec, r acquireReq) (reply, e
 		}
 	}
 	args := []interface{}{r.owner, r.have, r.want, r.lease, r.fence.arg(), r.entryArg(s), n.pub(ctx)}
+	if s.size != nil {
+		args = []interface{}{r.owner, r.have, r.want, r.lease, r.fence.arg(), r.entryArg(s), s.size, n.pub(ctx)}
+	}
 	if r.have > 0 || n.ack.replicas == 0 {
 		v, err := n.eval(ctx, s, s.sc.acquire, args...)
 		if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -11,10 +12,11 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// quick is what a DistMutex, or a DistRWMutex's read side, sends for its
-// uncontended cycle. Its acquisition is quick_lock.lua (quick_rlock.lua),
-// the free path of the full script alone, on the keys it reads, with the
-// owner and the lease as its only arguments: Redis pays about as much per
+// quick is what a DistMutex, a DistRWMutex's read side or a DistSemaphore
+// sends for its uncontended cycle. Its acquisition is quick_lock.lua
+// (quick_rlock.lua, quick_sem.lua), the free path of the full script alone,
+// on the keys it reads, with the owner and the lease (a semaphore's holding
+// and size too) as its only arguments: Redis pays about as much per
 // argument of a script call as per command the script runs. Its final
 // release is no script at all: a pipeline of HDEL of the owner's field
 // (ZREM of a reader) and EXISTS of the queue, one round trip. A script call
@@ -24,7 +26,8 @@ import (
 // resent release.lua does) and harmless after a loss; and the pipeline needs
 // no MULTI, for a waiter that queues after the HDEL finds the lock free and
 // takes it, and one that queued before it is seen by the EXISTS, after
-// which wake.lua (rwwake.lua) hands the lock to the queue's head. Once a
+// which wake.lua (rwwake.lua, sem_wake.lua) hands the lock to the queue's
+// head. Once a
 // lock is seen contended (a busy reply, a waiter found at release, a
 // hand-off), the full scripts are sent at once for contendedFor, so that a
 // contended lock does not pay two calls where one does.
@@ -58,6 +61,9 @@ func (c *Client) newQuick(kind lockKind, keys []string) *quick {
 		q.lock, q.wake = quickRLock, rwWake
 		q.lockKeys = []interface{}{hash, queue, readers}
 		q.del, q.delKey = "zrem", readers
+	case kindSemaphore:
+		q.lock, q.wake = quickSem, semWake
+		q.lockKeys = []interface{}{hash, queue, keys[3]}
 	}
 	q.fencedKeys = append(slices.Clip(q.lockKeys), fence)
 	return q
@@ -80,7 +86,12 @@ func (n *node) quickLock(ctx context.Context, s *lockSpec, r acquireReq) (grante
 	if r.fence != fenceOff {
 		keys = s.quick.fencedKeys
 	}
-	v, err := n.evalOn(ctx, keys, s.quick.lock, r.owner, r.lease)
+	var v interface{}
+	if s.size != nil {
+		v, err = n.evalOn(ctx, keys, s.quick.lock, r.owner, holdingArg(r.want), r.lease, s.size)
+	} else {
+		v, err = n.evalOn(ctx, keys, s.quick.lock, r.owner, r.lease)
+	}
 	if err != nil {
 		return false, 0, err
 	}
@@ -134,6 +145,15 @@ func (n *node) quickRelease(ctx context.Context, s *lockSpec, owner interface{})
 		return releaseHandoff, nil
 	}
 	return releaseDone, nil
+}
+
+// holdingArg is a lone semaphore holder's value: its permits, and the
+// deadline 0 (the key's expiry; see sem.lua).
+func holdingArg(permits int) string {
+	if permits == 1 {
+		return "1:0"
+	}
+	return strconv.Itoa(permits) + ":0"
 }
 
 // pairCalls are the two calls of a quickRelease, pooled: an uncontended

@@ -20,15 +20,17 @@ var (
 	renewScript = loadScript("renew")
 	raiseScript = loadScript("raise")
 
-	// The uncontended cycle of a DistMutex and of a DistRWMutex's readers (see quick).
-	quickLock, quickRLock = loadScript("quick_lock"), loadScript("quick_rlock")
-	wakeScript, rwWake    = loadScript("wake"), loadScript("rwwake")
+	// The uncontended cycle of a DistMutex, of a DistRWMutex's readers and
+	// of a DistSemaphore (see quick).
+	quickLock, quickRLock, quickSem = loadScript("quick_lock"), loadScript("quick_rlock"), loadScript("quick_sem")
+	wakeScript, rwWake, semWake     = loadScript("wake"), loadScript("rwwake"), loadScript("sem_wake")
 
 	// The scripts of each kind of lock: a DistMutex, and the write and read
 	// sides of a DistRWMutex.
 	mutexScripts = &scriptSet{loadScript("acquire"), loadScript("release"), loadScript("leave")}
 	writeScripts = &scriptSet{loadScript("wlock"), loadScript("wunlock"), loadScript("rwleave")}
 	readScripts  = &scriptSet{loadScript("rlock"), loadScript("runlock"), writeScripts.leave}
+	semScripts   = &scriptSet{loadScript("sem_acquire"), loadScript("sem_release"), loadScript("sem_leave")}
 )
 
 // scriptSet is what a lock's holds and waiters run: acquire (or queue),

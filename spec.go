@@ -27,9 +27,11 @@ type lockSpec struct {
 	claimMs  string
 	flag     string // the kind of its queue entries (see the scripts)
 	fence    fenceMode
-	read     bool   // the read side of a DistRWMutex
-	unheld   string // the panic of an unlock that holds nothing
-	quick    *quick // the uncontended cycle; nil for a DistRWMutex's write side
+	read     bool        // the read side of a DistRWMutex
+	size     interface{} // a DistSemaphore's size (its scripts' argument); nil for a lock
+	multi    bool        // a DistMutex value may have many holds at once (NonReentrant readers, semaphores)
+	unheld   string      // the panic of an unlock that holds nothing
+	quick    *quick      // the uncontended cycle; nil for a DistRWMutex's write side
 }
 
 func (s *lockSpec) hash() string { return s.home }
@@ -43,6 +45,13 @@ func lockKeys(prefix, name string) []string { return keysFrom(prefix + "{" + nam
 func rwKeys(prefix, name string) []string {
 	base := prefix + "{" + name + "}:rw"
 	return append(keysFrom(base), base+":readers")
+}
+
+// semKeys are the keys of the semaphore called name: P{name}:sem (its
+// holders) and its fence, queue and size.
+func semKeys(prefix, name string) []string {
+	base := prefix + "{" + name + "}:sem"
+	return append(keysFrom(base), base+":size")
 }
 
 func keysFrom(base string) []string {
@@ -95,24 +104,29 @@ func keySlot(key string) int {
 type lockKind uint8
 
 const (
-	kindMutex lockKind = iota // a DistMutex
-	kindWrite                 // a DistRWMutex's write side
-	kindRead                  // a DistRWMutex's read side
+	kindMutex     lockKind = iota // a DistMutex
+	kindWrite                     // a DistRWMutex's write side
+	kindRead                      // a DistRWMutex's read side
+	kindSemaphore                 // a DistSemaphore
 )
 
 // newSpec computes the keys and boxed script arguments of a lock.
 func (c *Client) newSpec(name string, cfg mutexConfig, kind lockKind) lockSpec {
 	s := lockSpec{name: name, sc: mutexScripts, keys: lockKeys(c.prefix, name), lease: cfg.lease,
 		flag: "0", unheld: "remutex: unlock of unlocked mutex"}
-	if kind != kindMutex {
+	switch kind {
+	case kindWrite, kindRead:
 		s.keys = rwKeys(c.prefix, name)
 		s.sc, s.flag, s.unheld = writeScripts, "w", "remutex: Unlock of unlocked DistRWMutex"
+	case kindSemaphore:
+		s.keys = semKeys(c.prefix, name)
+		s.sc, s.flag, s.unheld, s.multi = semScripts, "s", "remutex: Release of more permits than held by DistSemaphore", true
 	}
 	s.home = s.keys[0]
 	s.quick = c.newQuick(kind, s.keys)
 	if kind == kindRead {
 		s.home = s.keys[3]
-		s.sc, s.flag, s.unheld, s.read = readScripts, "r", "remutex: RUnlock of unlocked DistRWMutex", true
+		s.sc, s.flag, s.unheld, s.read, s.multi = readScripts, "r", "remutex: RUnlock of unlocked DistRWMutex", true, true
 	}
 	s.keyArgs = make([]interface{}, len(s.keys))
 	for i, k := range s.keys {
@@ -129,8 +143,11 @@ func (c *Client) newSpec(name string, cfg mutexConfig, kind lockKind) lockSpec {
 	if cfg.noRenew {
 		s.keepArg = "0"
 	}
-	if s.read {
+	switch kind {
+	case kindRead:
 		s.renewArg = "r" + ms
+	case kindSemaphore:
+		s.renewArg = "p" + ms
 	}
 	s.minHold = cfg.minHold
 	s.claimMs = strconv.FormatInt(s.claim.Milliseconds(), 10)

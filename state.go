@@ -313,7 +313,7 @@ func (m *DistMutex) addHoldLocked(h *hold) {
 		st.holds = append(st.holds, h)
 		st.lastOwner = h
 	} else {
-		if !m.spec.read {
+		if !m.spec.multi {
 			// A mutex has one hold: one still listed was lost and never
 			// unlocked (or its final release is in flight, and it goes
 			// when that settles).

@@ -10,10 +10,12 @@ import (
 // attempt is one goroutine's effort to take a lock it does not hold, from
 // the Lock call until it holds the lock or gives up.
 type attempt struct {
-	m     *DistMutex
-	gid   int64
-	try   bool // TryLock: one call, never queued
-	start time.Time
+	m       *DistMutex
+	gid     int64
+	try     bool // TryLock: one call, never queued
+	permits int  // the count it takes: 1, or a semaphore's permits
+	start   time.Time
+	held    *hold // the hold it took, once complete
 
 	owner  interface{} // the owner token (a string), boxed once for script calls
 	pinned bool        // owner is the goroutine's write hold's: a read under it
@@ -129,7 +131,7 @@ func (a *attempt) call(ctx context.Context) (reply, error) {
 	first := a.sent.IsZero()
 	a.sent = time.Now()
 	return c.be.acquire(ctx, &m.spec, acquireReq{
-		owner: a.owner, want: 1, lease: m.spec.leaseArg, fence: m.spec.fence, place: a.place(), quick: first,
+		owner: a.owner, want: a.permits, lease: m.spec.leaseArg, fence: m.spec.fence, place: a.place(), quick: first,
 	})
 }
 
@@ -138,7 +140,7 @@ func (a *attempt) place() queuePlace {
 	if a.try {
 		return queuePlace{} // (TryLock never queues)
 	}
-	return queuePlace{wait: a.waitID, arrival: a.start.UnixMilli(), owner: a.entryOwnerString(), known: a.known}
+	return queuePlace{wait: a.waitID, arrival: a.start.UnixMilli(), owner: a.entryOwnerString(), known: a.known, permits: a.permits}
 }
 
 // newWaitIDLocked gives the attempt a wait id of its own, and so a queue
@@ -164,7 +166,7 @@ func (a *attempt) renewEntry() {
 // entry is the attempt's queue entry (see entryString), its arrival when
 // the Lock began.
 func (a *attempt) entry() string {
-	return entryString(&a.m.spec, a.waitID, a.start.UnixMilli(), a.entryOwnerString())
+	return entryString(&a.m.spec, a.waitID, a.start.UnixMilli(), a.permits, a.entryOwnerString())
 }
 
 // entryOwnerString is the owner its queue entries name: a quorum's names
@@ -198,7 +200,7 @@ func (a *attempt) entryChanged() {
 func (a *attempt) complete(ctx context.Context, fence int64, sent time.Time, d time.Duration) (bool, error) {
 	m := a.m
 	c := m.c
-	h := &hold{m: m, owner: a.owner, gid: a.gid, count: 1, fence: fence}
+	h := &hold{m: m, owner: a.owner, gid: a.gid, count: a.permits, fence: fence}
 	h.valid = sent.Add(validity(d))
 	h.next = sent.Add(d / 3) // from the send time, like valid: a slow reply leaves time to renew
 	now := time.Now()
@@ -219,6 +221,7 @@ func (a *attempt) complete(ctx context.Context, fence int64, sent time.Time, d t
 	h.id = c.nextSeqLocked()
 	m.addHoldLocked(h)
 	c.wd.addLocked(h)
+	a.held = h
 	c.mu.Unlock()
 	if c.hook != nil {
 		ev := h.event(EventAcquired, now.Sub(a.start), nil)

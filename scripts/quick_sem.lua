@@ -1,0 +1,25 @@
+-- quick_sem: the free path of sem_acquire.lua alone, for a semaphore its
+-- Client has not seen contended lately (see quick_lock.lua).
+--
+-- KEYS = holders H, queue, size S (see sem.lua), and the fence counter
+-- WithFencing. ARGV = owner, '<permits>:0' (a lone holder's holding: its
+-- deadline is H's expiry), lease ms, size.
+-- Returns the fence token (0 without fencing) when nobody held or queued
+-- and the size agreed (or was not set yet), the holding now in H; -1
+-- otherwise, having written nothing (a fence token may be spent).
+if redis.call('exists', KEYS[1], KEYS[2]) ~= 0 then return -1 end
+local s = redis.pcall('get', KEYS[3])
+if s ~= ARGV[4] then
+  if s then return -1 end -- sem_acquire.lua names the error
+  redis.call('set', KEYS[3], ARGV[4])
+end
+local f = 0
+local fence_key = KEYS[4]
+if fence_key then
+  f = redis.pcall('incr', fence_key)
+  if type(f) ~= 'number' then return -1 end -- sem_acquire.lua names the error
+--#include seed.lua
+end
+redis.call('hset', KEYS[1], ARGV[1], ARGV[2])
+redis.call('pexpire', KEYS[1], ARGV[3])
+return f
