@@ -7,16 +7,14 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 )
 
 // Inspection and forced release: what an operator needs to see who holds a
 // lock and to free one whose holder froze. They read and change locks
-// through the same keys and scripts as DistMutex and DistRWMutex, so that
-// users and the remutex command need not know the layout.
+// through the same keys and scripts as DistMutex, DistRWMutex and
+// DistSemaphore, so that users and the remutex command need not know the
+// layout.
 
 var inspectScript = loadScript("inspect")
 
@@ -24,30 +22,38 @@ var inspectScript = loadScript("inspect")
 type LockInfo struct {
 	Name string // the lock's name
 	// Key is the key its holds live in: a DistMutex's hash P{Name}, a
-	// DistRWMutex's writer hash P{Name}:rw (its readers are P{Name}:rw:readers).
-	// The lock's other keys and its channels begin with it. With Kind "" it
-	// is the DistMutex's.
+	// DistRWMutex's writer hash P{Name}:rw (its readers are P{Name}:rw:readers),
+	// a DistSemaphore's holders hash P{Name}:sem. The lock's other keys and
+	// its channels begin with it. With Kind "" it is the DistMutex's.
 	Key string
 	// Kind is the kind of lock: "mutex" (a DistMutex), "rwmutex" (a
-	// DistRWMutex), or "" when nothing of any kind is under the name: no
-	// holder, no waiter, no fence counter, no listening Client.
+	// DistRWMutex), "semaphore" (a DistSemaphore), or "" when nothing of any
+	// kind is under the name: no holder, no waiter, no fence counter, no
+	// semaphore size, no listening Client.
 	Kind string
 
 	// Holders are the holds of the lock, sorted by owner token, a write hold
 	// before a read hold of the same owner. A DistMutex has one while it is
 	// held (more only where something outside remutex wrote the hash); a
 	// DistRWMutex has one writer, or any number of readers, or a writer and
-	// its own read hold (RLock under its write hold). None while it is free.
+	// its own read hold (RLock under its write hold); a DistSemaphore has
+	// one per acquisition that still holds permits (Holder.Count of them).
+	// None while it is free.
 	Holders []Holder
 	// TTL is the remaining lease: the longest of the holders' (when the lock
 	// frees itself if nobody renews it), 0 when the lock is free, negative if
 	// a hold has no expiry (which remutex never leaves).
 	TTL time.Duration
 	// Fence is the last fencing token handed out (the counter P{Name}:fence,
-	// or P{Name}:rw:fence), 0 if the lock was never taken WithFencing (a
-	// DistRWMutex: never for writing; its readers are told the latest
-	// write's token).
+	// P{Name}:rw:fence or P{Name}:sem:fence), 0 if the lock was never taken
+	// WithFencing (a DistRWMutex: never for writing; its readers are told
+	// the latest write's token).
 	Fence int64
+	// Size is a DistSemaphore's size, the permits it has (as stored in
+	// P{Name}:sem:size when it was first acquired, kept without expiry): 0
+	// for the other kinds, and for a semaphore whose size key was deleted.
+	// The permits held are the sum of the Holders' Count.
+	Size int64
 	// Readers is the number of read holds (the Holders with Read set): 0 but
 	// for a DistRWMutex.
 	Readers int
@@ -56,7 +62,8 @@ type LockInfo struct {
 	Waiters []Waiter
 	// WritersWaiting is the number of Waiters that wait to write a
 	// DistRWMutex (while one does, readers that hold nothing queue behind
-	// it); 0 for a DistMutex, whose waiters have no mode.
+	// it); 0 for a DistMutex and a DistSemaphore, whose waiters have no
+	// mode.
 	WritersWaiting int
 	// Subscribers is the number of Clients listening for the lock's
 	// messages: those waiting for it, and for a fraction of a second those
@@ -65,18 +72,21 @@ type LockInfo struct {
 	Subscribers int
 
 	// Others are the locks of the other kinds under the same name, when more
-	// than one kind has state there (a DistMutex and a DistRWMutex of one
-	// name are independent locks), in the order mutex, rwmutex; nil
-	// otherwise. The LockInfo itself is the first kind in that order that
-	// has state. Their own Others are nil.
+	// than one kind has state there (a DistMutex, a DistRWMutex and a
+	// DistSemaphore of one name are independent locks), in the order mutex,
+	// rwmutex, semaphore; nil otherwise. The LockInfo itself is the first
+	// kind in that order that has state. Their own Others are nil.
 	Others []LockInfo
 }
 
-// Holder is one hold of a lock.
+// Holder is one hold of a lock: of a DistSemaphore, one acquisition.
 type Holder struct {
-	Owner string // owner token: <client id>:<goroutine id> (see Event.Owner)
+	// Owner is the owner token: <client id>:<goroutine id> (see
+	// Event.Owner); a DistSemaphore's acquisition has one of its own.
+	Owner string
 	// Count is the hold count; 1 for a read hold, whose nested holds only
-	// its own process counts.
+	// its own process counts; for a DistSemaphore's holder, the permits it
+	// holds.
 	Count int
 	// Read reports a read hold of a DistRWMutex; false for a DistMutex's
 	// hold and a DistRWMutex's write hold.
@@ -85,9 +95,10 @@ type Holder struct {
 	// (WithMinHold) had time left: nobody holds the lock, but it stays taken
 	// for TTL more. ForceUnlock releases it.
 	Kept bool
-	// TTL is the hold's remaining lease: a read hold's own (each reader has
-	// a deadline of its own), else that of the hash it lives in; negative if
-	// that hash has no expiry.
+	// TTL is the hold's remaining lease: a read hold's and a semaphore
+	// holder's own (each has a deadline of its own; a lone one's is the
+	// expiry of the key it lives in), else that of the hash it lives in;
+	// negative if that key has no expiry.
 	TTL  time.Duration
 	Host string // host of the holder's Client; "" if its id does not say
 	PID  int    // process id of the holder's Client; 0 if its id does not say
@@ -95,11 +106,15 @@ type Holder struct {
 
 // Waiter is one entry of a lock's queue.
 type Waiter struct {
-	Owner string    // the owner token it is to hold the lock under
-	Read  bool      // it waits to read a DistRWMutex; false: to write it, or for a DistMutex
-	Host  string    // host of the waiter's Client; "" if its id does not say
-	PID   int       // process id of the waiter's Client; 0 if its id does not say
-	Since time.Time // when its Lock began, by its own process's clock
+	Owner string // the owner token it is to hold the lock under
+	Read  bool   // it waits to read a DistRWMutex; false: to write it, or for a DistMutex or DistSemaphore
+	// Permits is the number of permits a DistSemaphore's waiter asks for
+	// (the queue's head gets them once that many are free, and those behind
+	// it wait until it has); 0 for a lock's waiter.
+	Permits int
+	Host    string    // host of the waiter's Client; "" if its id does not say
+	PID     int       // process id of the waiter's Client; 0 if its id does not say
+	Since   time.Time // when its Lock (Acquire) began, by its own process's clock
 }
 
 // CheckName reports why NewMutex would refuse name: nil for a valid lock
@@ -112,15 +127,18 @@ func CheckName(name string) error {
 }
 
 // Inspect returns the state of the lock called name under c's key prefix,
-// of any kind (a DistMutex's or a DistRWMutex's; also one c never used),
-// read in one script call, plus the PUBSUB calls that count Subscribers;
-// it changes nothing. LockInfo.Kind says which kind it found; where locks
-// of both kinds have state under the name, the others are in
-// LockInfo.Others.
+// of any kind (a DistMutex's, a DistRWMutex's or a DistSemaphore's; also
+// one c never used), read in one script call, plus the PUBSUB calls that
+// count Subscribers; it changes nothing. LockInfo.Kind says which kind it
+// found; where locks of several kinds have state under the name, the others
+// are in LockInfo.Others. A semaphore's holders whose lease ran out are
+// left out, as are queue entries whose waiters stopped refreshing them.
 //
 // For a name NewMutex would refuse it returns an error matching
 // ErrInvalidName and sends no command. For a key of another type under the
-// name (at any kind's keys), or a fence counter that is not an integer, it
+// name (at any kind's keys), a fence counter that is not an integer, a
+// semaphore size that is not a non-negative integer, or a field of a
+// semaphore's holders hash that is not a holding (Type "foreign-field"), it
 // returns a *WrongTypeError. Otherwise it fails with ctx's error, ErrClosed
 // after Close, or the Redis error; errors are wrapped with the lock's name.
 // When Redis refused or failed the call, the LockInfo holds Name and Key
@@ -143,22 +161,25 @@ func (c *Client) Inspect(ctx context.Context, name string) (LockInfo, error) {
 // prefix, whoever holds them, of every kind it finds there, each through
 // the script of its own unlock: a DistMutex's hold and a DistRWMutex's
 // write hold as Unlock releases them, a DistRWMutex's read holds as RUnlock
+// does, a DistSemaphore's acquisitions as a Release of all their permits
 // does. So the lock's waiters are woken, or handed the lock, by a message,
 // exactly as after those calls: the longest waiter of a DistMutex; the
 // readers at the head of a DistRWMutex's queue together, or its first
-// waiting writer once no reader is left. Given owners (owner tokens, as
-// Inspect reports them), it releases only their holds (every hold of each),
-// so that a lock that changed hands since it was inspected stays with its
-// new holders. It reports whether it released a hold: false with a nil
-// error means nobody (or none of owners) held the lock.
+// waiting writer once no reader is left; the waiters at the head of a
+// DistSemaphore's queue whose requests fit in the permits now free, in
+// arrival order. Given owners (owner tokens, as Inspect reports them), it
+// releases only their holds (every hold of each), so that a lock that
+// changed hands since it was inspected stays with its new holders. It
+// reports whether it released a hold: false with a nil error means nobody
+// (or none of owners) held the lock.
 //
 // The holders are not told: each one's watchdog finds its hold gone at the
-// next renewal, then its Lost channel closes and its Unlock (RUnlock)
-// reports ErrLockLost. Until then it may still be working, so use
+// next renewal, then its Lost channel closes and its Unlock (RUnlock,
+// Release) reports ErrLockLost. Until then it may still be working, so use
 // ForceUnlock for a holder that is frozen rather than dead (a dead holder's
 // lock ends by itself within its lease), and fencing where a holder that
 // resumes must not write. The fence counters are kept, so tokens keep
-// rising.
+// rising; so is a semaphore's size.
 //
 // Its errors are Inspect's; after an error some of the holds may have been
 // released. On a Client made by NewQuorumClient it returns an error matching
@@ -194,6 +215,7 @@ var adminKinds = [...]adminKind{
 		}
 		return kindWrite
 	}},
+	{name: "semaphore", keys: semKeys, roles: "pfqs", side: func(Holder) lockKind { return kindSemaphore }},
 }
 
 // adminRoles is inspect.lua's ARGV[1]: the roles of every kind's keys.
@@ -211,7 +233,9 @@ type adminTarget struct {
 	name    string
 	keys    [len(adminKinds)][]string // each kind's keys; keys[0][0] is P{name}
 	keyArgs []interface{}             // all of them, boxed, for one call of inspect.lua
-	spec    func(kind int, h Holder) *lockSpec
+	// spec is the lock whose release script ends hold h of info, a lock of
+	// kind (an index in adminKinds).
+	spec func(kind int, info *LockInfo, h Holder) *lockSpec
 }
 
 // checkAdmin checks an Inspect or ForceUnlock call and returns what it is
@@ -229,8 +253,13 @@ func (c *Client) checkAdmin(ctx context.Context, name string) (*adminTarget, err
 	if closed {
 		return nil, lockError(name, ErrClosed)
 	}
-	t := &adminTarget{name: name, spec: func(kind int, h Holder) *lockSpec {
+	t := &adminTarget{name: name, spec: func(kind int, info *LockInfo, h Holder) *lockSpec {
 		s := c.newSpec(name, mutexConfig{lease: DefaultLease}, adminKinds[kind].side(h))
+		if info.Size > 0 {
+			// As NewSemaphore sets it (sem_release.lua reads the size from
+			// its key, not from this).
+			s.size = strconv.FormatInt(info.Size, 10)
+		}
 		return &s
 	}}
 	for i, k := range adminKinds {
@@ -247,7 +276,7 @@ func (c *Client) checkAdmin(ctx context.Context, name string) (*adminTarget, err
 func (t *adminTarget) homes(i int) []string {
 	var homes []string
 	for j, role := range adminKinds[i].roles {
-		if role == 'h' || role == 'r' {
+		if role == 'h' || role == 'r' || role == 'p' {
 			homes = append(homes, t.keys[i][j])
 		}
 	}
@@ -260,7 +289,7 @@ func (t *adminTarget) homes(i int) []string {
 func pickInfo(infos []LockInfo) LockInfo {
 	var found []LockInfo
 	for _, info := range infos {
-		if len(info.Holders) > 0 || len(info.Waiters) > 0 || info.Fence != 0 || info.Subscribers > 0 {
+		if len(info.Holders) > 0 || len(info.Waiters) > 0 || info.Fence != 0 || info.Size != 0 || info.Subscribers > 0 {
 			found = append(found, info)
 		}
 	}
@@ -329,9 +358,20 @@ func readRole(info *LockInfo, r byte, v interface{}) {
 			ms, _ := readers[i+1].(int64)
 			info.Holders = append(info.Holders, newHolder(fmt.Sprint(readers[i]), 1, true, ms))
 		}
+	case 'p':
+		holders, _ := v.([]interface{})
+		for i := 0; i+2 < len(holders); i += 3 {
+			permits, _ := holders[i+1].(int64)
+			ms, _ := holders[i+2].(int64)
+			info.Holders = append(info.Holders, newHolder(fmt.Sprint(holders[i]), int(permits), false, ms))
+		}
 	case 'f':
 		if f := fmt.Sprint(v); f != "" {
 			info.Fence, _ = strconv.ParseInt(f, 10, 64)
+		}
+	case 's':
+		if f := fmt.Sprint(v); f != "" {
+			info.Size, _ = strconv.ParseInt(f, 10, 64)
 		}
 	case 'q':
 		queue, _ := v.([]interface{})
@@ -367,18 +407,25 @@ func (h Holder) field() string {
 }
 
 // parseWaiter decodes a queue entry (see queue.lua),
-// <claim ms>:<flag>:<wait id>.<arrival ms>:<owner>, with its flag (a
-// waiting writer's is w or W).
+// <claim ms>:<flag>:<wait id>.<arrival ms>:<owner>, a semaphore's with the
+// permits it asks for after the arrival (<wait id>.<arrival ms>.<permits>,
+// see sem.lua), with its flag (a waiting writer's is w or W).
 func parseWaiter(entry string) (w Waiter, flag string, ok bool) {
 	parts := strings.SplitN(entry, ":", 4)
 	if len(parts) != 4 {
 		return Waiter{}, "", false
 	}
-	_, at, _ := strings.Cut(parts[2], ".")
-	arrived, _ := strconv.ParseInt(at, 10, 64)
-	host, pid := ownerOrigin(parts[3])
+	wait := strings.SplitN(parts[2], ".", 3)
+	var arrived int64
+	if len(wait) > 1 {
+		arrived, _ = strconv.ParseInt(wait[1], 10, 64)
+	}
+	if len(wait) > 2 {
+		w.Permits, _ = strconv.Atoi(wait[2])
+	}
 	flag = parts[1]
-	w = Waiter{Owner: parts[3], Read: flag == "r" || flag == "R", Host: host, PID: pid, Since: time.UnixMilli(arrived)}
+	w.Owner, w.Read, w.Since = parts[3], flag == "r" || flag == "R", time.UnixMilli(arrived)
+	w.Host, w.PID = ownerOrigin(parts[3])
 	return w, flag, true
 }
 
@@ -424,106 +471,10 @@ func ownerOrigin(owner string) (host string, pid int) {
 	return id[first+1 : last], pid
 }
 
-// subscribers sets the Subscribers of each kind of lock in infos: the
-// Clients subscribed to the channels of the keys its holds live in
-// (<key>:released:<client id>). One pattern, P{N}:*, finds those of every
-// kind; channelKind tells them apart. On a Redis 7 cluster they are shard
-// channels of the master serving the locks' slot; with classic pub/sub on a
-// cluster a Client's connection may be on any node, so all are asked.
-func (n *node) subscribers(ctx context.Context, t *adminTarget, infos []LockInfo) error {
-	base := t.keys[0][0]
-	pattern := globEscape(base) + ":*"
-	var mu sync.Mutex
-	count := func(ctx context.Context, r redis.Cmdable, sharded bool) error {
-		subs, err := countSubscribers(ctx, r, pattern, sharded, t.channelKind)
-		mu.Lock()
-		defer mu.Unlock()
-		for kind, k := range subs {
-			infos[kind].Subscribers += k
-		}
-		return err
-	}
-	cc, ok := n.rdb.(*redis.ClusterClient)
-	switch {
-	case !ok:
-		return count(ctx, n.rdb, false)
-	case n.sharded(ctx):
-		master, err := cc.MasterForKey(ctx, base)
-		if err != nil {
-			return err
-		}
-		return count(ctx, master, true)
-	}
-	return cc.ForEachShard(ctx, func(ctx context.Context, shard *redis.Client) error {
-		return count(ctx, shard, false)
-	})
-}
-
-// channelKind returns the index in adminKinds of the lock whose channel ch
-// is, or -1 for a channel of no lock of t (another name's, which the
-// pattern P{N}:* may match: its key ends in '}' where ours go on, or its
-// channel has a ':' after our infix, where a Client id has none).
-func (t *adminTarget) channelKind(ch string) int {
-	for i := range adminKinds {
-		for _, home := range t.homes(i) {
-			id, ok := strings.CutPrefix(ch, home+releasedInfix)
-			if ok && id != "" && !strings.Contains(id, ":") {
-				return i
-			}
-		}
-	}
-	return -1
-}
-
-// countSubscribers adds up, per kind of lock, the subscribers of the
-// channels that match pattern on one server (or, for a *redis.Client of a
-// single deployment, on its server) and that kindOf says are a lock's.
-func countSubscribers(ctx context.Context, r redis.Cmdable, pattern string, sharded bool, kindOf func(string) int) (map[int]int, error) {
-	var chans []string
-	var err error
-	if sharded {
-		chans, err = r.PubSubShardChannels(ctx, pattern).Result()
-	} else {
-		chans, err = r.PubSubChannels(ctx, pattern).Result()
-	}
-	chans = slices.DeleteFunc(chans, func(ch string) bool { return kindOf(ch) < 0 })
-	if err != nil || len(chans) == 0 {
-		return nil, err
-	}
-	var subs map[string]int64
-	if sharded {
-		subs, err = r.PubSubShardNumSub(ctx, chans...).Result()
-	} else {
-		subs, err = r.PubSubNumSub(ctx, chans...).Result()
-	}
-	counts := make(map[int]int)
-	for ch, k := range subs {
-		if kind := kindOf(ch); kind >= 0 {
-			counts[kind] += int(k)
-		}
-	}
-	return counts, err
-}
-
-// globEscape quotes the characters that Redis glob patterns treat
-// specially, so that s matches itself only.
-func globEscape(s string) string {
-	if !strings.ContainsAny(s, `*?[]\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if strings.IndexByte(`*?[]\`, s[i]) >= 0 {
-			b.WriteByte('\\')
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
-}
-
 // forceUnlock releases each hold that inspect finds, of every kind of lock
 // (only those of owners, if any are given), with the release script of its
-// kind and side, as its own final unlock would.
+// kind and side, as its own final unlock would (a semaphore's: a release of
+// all its permits).
 func (n *node) forceUnlock(ctx context.Context, t *adminTarget, owners []string) (bool, error) {
 	infos, err := n.inspect(ctx, t, false)
 	if err != nil {
@@ -535,7 +486,7 @@ func (n *node) forceUnlock(ctx context.Context, t *adminTarget, owners []string)
 			if len(owners) > 0 && !slices.Contains(owners, h.Owner) {
 				continue
 			}
-			res, err := n.release(ctx, t.spec(kind, h), h.field(), 0, "0")
+			res, err := n.release(ctx, t.spec(kind, &info, h), h.field(), 0, "0")
 			if err != nil {
 				return released, err
 			}

@@ -143,8 +143,8 @@
 // DistSemaphore is golang.org/x/sync/semaphore's Weighted across processes,
 // on the same protocol: each Acquire is a holding of its own in the hash
 // P{N}:sem, owner token → "<permits>:<deadline>" (the deadline on the
-// server's clock, or 0 for a lone holder, whose deadline is the key's
-// expiry), renewed by the watchdog, so that the permits of a process that
+// server's clock; "<permits>" alone for a lone holder, whose deadline is
+// the key's expiry), renewed by the watchdog, so that the permits of a process that
 // dies come back when their lease ends. The scripts sem_acquire,
 // sem_release, sem_leave (with sem.lua's shared slow path) and quick_sem
 // count the holdings against the size, kept in P{N}:sem:size, and hand

@@ -62,22 +62,30 @@ var (
 // permanent error: Lock and TryLock panic with it, the Context forms return it.
 type WrongTypeError struct {
 	Key string // the Redis key
-	// Type is the type the key holds, as TYPE reports it, or "non-integer"
-	// for a fence counter (P{N}:fence) that holds a string that is not an
-	// integer.
+	// Type is the type the key holds, as TYPE reports it; "non-integer"
+	// for a fence counter (P{N}:fence) or a semaphore's size (P{N}:sem:size)
+	// that holds a string that is not an integer; "foreign-field" for a
+	// semaphore's holders hash (P{N}:sem) with a field that is no holding.
 	Type string
 }
 
 func (e *WrongTypeError) Error() string {
-	if e.Type == nonInteger {
-		return fmt.Sprintf("remutex: key %q holds a non-integer string, not a remutex fence counter", e.Key)
+	switch e.Type {
+	case nonInteger:
+		return fmt.Sprintf("remutex: key %q holds a non-integer string, not a remutex fence counter or semaphore size", e.Key)
+	case foreignField:
+		return fmt.Sprintf("remutex: key %q holds a field that is not a remutex semaphore holding", e.Key)
 	}
 	return fmt.Sprintf("remutex: key %q holds a %s, not a remutex lock", e.Key, e.Type)
 }
 
-// nonInteger is the WrongTypeError.Type of a fence counter that holds a
-// string that is not an integer.
-const nonInteger = "non-integer"
+// nonInteger is the WrongTypeError.Type of a fence counter or semaphore
+// size that holds a string that is not an integer; foreignField that of a
+// semaphore's holders hash with a field that is no holding.
+const (
+	nonInteger   = "non-integer"
+	foreignField = "foreign-field"
+)
 
 // nameError is an invalid lock name: it matches ErrInvalidName.
 type nameError struct{ reason error }

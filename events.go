@@ -137,7 +137,7 @@ type Event struct {
 	Fence    int64         // the hold's fencing token, 0 without WithFencing
 	Duration time.Duration // see the EventKind
 	Err      error         // EventWaited (gave up), EventReleased (release failed), EventRenewFailed and EventLost
-	Read     bool          // a read hold of a DistRWMutex (false for a DistMutex and for write holds)
+	Read     bool          // a read hold of a DistRWMutex (false for a DistMutex, for write holds and for a DistSemaphore's acquisitions)
 
 	// Hold tells the Client's holds apart: the events of one hold, from its
 	// EventAcquired to its EventReleased or EventLost, carry the same

@@ -34,10 +34,13 @@ import (
 type quick struct {
 	lock, wake           *luaScript
 	lockKeys, fencedKeys []interface{}
-	del                  string        // "hdel", or "zrem" for a reader
-	delKey               interface{}   // the key of the holds
-	look                 []interface{} // EXISTS of the queue (read only: shared by the calls)
-	until                *atomic.Int64 // unix ns: contended until then (Client.contended)
+	// A semaphore's Acquire(1) once its size was found right: quick_lock.lua
+	// on the holders and the queue (see quick_sem.lua).
+	oneKeys, oneFencedKeys []interface{}
+	del                    string        // "hdel", or "zrem" for a reader
+	delKey                 interface{}   // the key of the holds
+	look                   []interface{} // EXISTS of the queue (read only: shared by the calls)
+	until                  *atomic.Int64 // unix ns: contended until then (Client.contended)
 }
 
 // contendedFor is how long a lock seen contended is sent the full scripts.
@@ -62,6 +65,7 @@ func (c *Client) newQuick(kind lockKind, keys []string) *quick {
 		q.lockKeys = []interface{}{hash, queue, readers}
 		q.del, q.delKey = "zrem", readers
 	case kindSemaphore:
+		q.oneKeys, q.oneFencedKeys = q.lockKeys, []interface{}{hash, queue, fence}
 		q.lock, q.wake = quickSem, semWake
 		q.lockKeys = []interface{}{hash, queue, keys[3]}
 	}
@@ -82,15 +86,25 @@ func (q *quick) contended() {
 // the fence token (0 without fencing), or not (the lock is not free), the
 // lock then marked contended.
 func (n *node) quickLock(ctx context.Context, s *lockSpec, r acquireReq) (granted bool, fence int64, err error) {
-	keys := s.quick.lockKeys
+	q := s.quick
+	keys := q.lockKeys
 	if r.fence != fenceOff {
-		keys = s.quick.fencedKeys
+		keys = q.fencedKeys
 	}
 	var v interface{}
-	if s.size != nil {
-		v, err = n.evalOn(ctx, keys, s.quick.lock, r.owner, holdingArg(r.want), r.lease, s.size)
-	} else {
-		v, err = n.evalOn(ctx, keys, s.quick.lock, r.owner, r.lease)
+	switch {
+	case s.size == nil:
+		v, err = n.evalOn(ctx, keys, q.lock, r.owner, r.lease)
+	case r.want == 1 && s.sized.Load():
+		keys = q.oneKeys
+		if r.fence != fenceOff {
+			keys = q.oneFencedKeys
+		}
+		v, err = n.evalOn(ctx, keys, quickLock, r.owner, r.lease)
+	case r.want == 1:
+		v, err = n.evalOn(ctx, keys, q.lock, r.owner, r.lease, s.size)
+	default:
+		v, err = n.evalOn(ctx, keys, q.lock, r.owner, r.lease, s.size, strconv.Itoa(r.want))
 	}
 	if err != nil {
 		return false, 0, err
@@ -145,15 +159,6 @@ func (n *node) quickRelease(ctx context.Context, s *lockSpec, owner interface{})
 		return releaseHandoff, nil
 	}
 	return releaseDone, nil
-}
-
-// holdingArg is a lone semaphore holder's value: its permits, and the
-// deadline 0 (the key's expiry; see sem.lua).
-func holdingArg(permits int) string {
-	if permits == 1 {
-		return "1:0"
-	}
-	return strconv.Itoa(permits) + ":0"
 }
 
 // pairCalls are the two calls of a quickRelease, pooled: an uncontended

@@ -7,6 +7,7 @@ import (
 	"math"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -33,8 +34,13 @@ import (
 //     where x/sync's waits for its context.
 //   - The size is stored in Redis (P{name}:sem:size, kept like the fence
 //     counter): a DistSemaphore of another size under the same name gets
-//     *SizeError instead of a silent mixture. To resize, make sure nothing
-//     holds or waits, and delete that key.
+//     *SizeError instead of a silent mixture, from its first acquisition
+//     on. It is checked at every acquisition but one kind: once a value's
+//     size was found right, an Acquire(1) that finds nobody holding or
+//     waiting takes its permit unchecked (one permit fits any size; the
+//     saving is a sixth of Redis's work per uncontended cycle). To
+//     resize, make sure nothing holds or waits, delete that key, and
+//     restart every process with the new size.
 //   - WithFencing gives each acquisition a token from the semaphore's
 //     counter (Fence, and the context of Do).
 //   - A quorum Client (NewQuorumClient) cannot bound a count by majorities:
@@ -94,6 +100,7 @@ func (c *Client) NewSemaphore(name string, size int64, opts ...MutexOption) *Dis
 	s := &DistSemaphore{size: size, sending: map[*hold]bool{}}
 	s.m.init(c, name, cfg, kindSemaphore)
 	s.m.spec.size = strconv.FormatInt(size, 10)
+	s.m.spec.sized = new(atomic.Bool)
 	s.freed = sync.NewCond(&s.mu)
 	return s
 }
@@ -177,6 +184,9 @@ func (s *DistSemaphore) acquire(ctx context.Context, n int64, try bool) (*hold, 
 			se.Size = s.size
 		}
 		return nil, m.wrapOp(op, err)
+	}
+	if h != nil {
+		m.spec.sized.Store(true) // (Redis agreed to it)
 	}
 	return h, nil
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -29,9 +30,12 @@ type lockSpec struct {
 	fence    fenceMode
 	read     bool        // the read side of a DistRWMutex
 	size     interface{} // a DistSemaphore's size (its scripts' argument); nil for a lock
-	multi    bool        // a DistMutex value may have many holds at once (NonReentrant readers, semaphores)
-	unheld   string      // the panic of an unlock that holds nothing
-	quick    *quick      // the uncontended cycle; nil for a DistRWMutex's write side
+	// sized is set once a DistSemaphore's size was found to agree with
+	// Redis's (see quick_sem.lua); nil for a lock.
+	sized  *atomic.Bool
+	multi  bool   // a DistMutex value may have many holds at once (NonReentrant readers, semaphores)
+	unheld string // the panic of an unlock that holds nothing
+	quick  *quick // the uncontended cycle; nil for a DistRWMutex's write side
 }
 
 func (s *lockSpec) hash() string { return s.home }

@@ -10,7 +10,9 @@
 //
 // Every metric carries remutex.lock.name (the lock's name, mapped by
 // WithLockNames and capped by WithMaxLockNames, default 100 names) and
-// remutex.lock.mode ("write"; "read" for the read holds of a DistRWMutex).
+// remutex.lock.mode ("write"; "read" for the read holds of a DistRWMutex;
+// a DistSemaphore's acquisitions are recorded as "write", one per Acquire
+// whatever its permits).
 //
 //	name                           instrument      unit           more attributes
 //	remutex.lock.wait.duration     histogram       s              remutex.lock.outcome: acquired | timeout | cancelled | error

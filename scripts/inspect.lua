@@ -8,16 +8,21 @@
 --      DistRWMutex
 --   r  read holders in a sorted set (owner -> deadline, server ms; 0 the
 --      key's expiry)
+--   p  a semaphore's holders in a hash (owner -> '<permits>:<deadline>',
+--      the deadline in server ms; 0 the key's expiry: see sem.lua)
 --   f  a fence counter
+--   s  a semaphore's size (a string, kept without expiry)
 --   q  a queue (a list of entries in arrival order: see queue.lua)
 -- Returns one element a key: h {fields and counts (flat), PTTL}; r {live
--- holders and their remaining ms (flat)}; f the counter, '' if none; q the
--- entries, in queue order (a waiter whose process died is dropped only when
--- its turn comes, see queue.lua). For a key
--- of another type, or a fence counter that is not an integer, the error
--- reply of acquire ('WRONGTYPE remutex <type> <key>').
+-- holders and their remaining ms (flat)}; p {live holders, their permits
+-- and remaining ms (flat; -1 ms: the key has no expiry)}; f the counter,
+-- '' if none; s the size, '' if none; q the entries, in queue order (a
+-- waiter whose process died is dropped only when its turn comes, see
+-- queue.lua). For a key of another type, a fence counter or size that is
+-- not an integer, or a semaphore's field that is no holding, the error
+-- reply of acquire ('WRONGTYPE remutex <type> <key>', as sem.lua words it).
 local roles = ARGV[1]
-local want = {h = 'hash', r = 'zset', f = 'string', q = 'list'}
+local want = {h = 'hash', r = 'zset', p = 'hash', f = 'string', s = 'string', q = 'list'}
 for i = 1, #KEYS do
   local t = redis.call('type', KEYS[i])
   if type(t) == 'table' then t = t['ok'] end
@@ -29,9 +34,10 @@ end
 local t = redis.call('time')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
-local function fence(key)
+-- A fence counter's or (pattern '^%d+$') a size's value, '' if none.
+local function fence(key, pattern)
   local f = redis.call('get', key) or ''
-  if f ~= '' and not string.match(f, '^%-?%d+$') then
+  if f ~= '' and not string.match(f, pattern or '^%-?%d+$') then
     return nil, redis.error_reply('WRONGTYPE remutex non-integer ' .. key)
   end
   return f
@@ -54,6 +60,29 @@ local function readers(key)
   return live
 end
 
+-- A semaphore's holders whose deadline has not passed, pruned or not. A
+-- deadline 0 is the key's expiry (a lone holder's, see sem.lua).
+local function holdings(key)
+  local live, all = {}, redis.call('hgetall', key)
+  for i = 1, #all, 2 do
+    local n, d = string.match(all[i + 1], '^(%d+):?(%d*)$')
+    if not n then return nil, redis.error_reply('WRONGTYPE remutex foreign-field ' .. key) end
+    d = tonumber(d) or 0
+    local left
+    if d == 0 then
+      left = redis.call('pttl', key)
+    elseif d > now then
+      left = d - now
+    end
+    if left then
+      live[#live + 1] = all[i]
+      live[#live + 1] = tonumber(n)
+      live[#live + 1] = left
+    end
+  end
+  return live
+end
+
 local out = {}
 for i = 1, #KEYS do
   local role, key = string.sub(roles, i, i), KEYS[i]
@@ -61,8 +90,12 @@ for i = 1, #KEYS do
     out[i] = {redis.call('hgetall', key), redis.call('pttl', key)}
   elseif role == 'r' then
     out[i] = readers(key)
-  elseif role == 'f' then
-    local f, bad = fence(key)
+  elseif role == 'p' then
+    local live, bad = holdings(key)
+    if bad then return bad end
+    out[i] = live
+  elseif role == 'f' or role == 's' then
+    local f, bad = fence(key, role == 's' and '^%d+$' or nil)
     if bad then return bad end
     out[i] = f
   elseif role == 'q' then

@@ -1,17 +1,21 @@
 -- quick_sem: the free path of sem_acquire.lua alone, for a semaphore its
--- Client has not seen contended lately (see quick_lock.lua).
+-- Client has not seen contended lately (see quick_lock.lua), where the
+-- size is to be checked: the value's first acquisition, and any of more
+-- than one permit. (One permit taken while nobody holds or waits fits any
+-- size: the value sends quick_lock.lua for it once its size was found
+-- right, which writes the same holding, '1'.)
 --
 -- KEYS = holders H, queue, size S (see sem.lua), and the fence counter
--- WithFencing. ARGV = owner, '<permits>:0' (a lone holder's holding: its
--- deadline is H's expiry), lease ms, size.
+-- WithFencing. ARGV = owner, lease ms, size, and the permits unless 1.
 -- Returns the fence token (0 without fencing) when nobody held or queued
--- and the size agreed (or was not set yet), the holding now in H; -1
--- otherwise, having written nothing (a fence token may be spent).
+-- and the size agreed (or was not set yet), the holding now in H (a lone
+-- holder's: its deadline is H's expiry); -1 otherwise, having written
+-- nothing (a fence token may be spent).
 if redis.call('exists', KEYS[1], KEYS[2]) ~= 0 then return -1 end
 local s = redis.pcall('get', KEYS[3])
-if s ~= ARGV[4] then
+if s ~= ARGV[3] then
   if s then return -1 end -- sem_acquire.lua names the error
-  redis.call('set', KEYS[3], ARGV[4])
+  redis.call('set', KEYS[3], ARGV[3])
 end
 local f = 0
 local fence_key = KEYS[4]
@@ -20,6 +24,6 @@ if fence_key then
   if type(f) ~= 'number' then return -1 end -- sem_acquire.lua names the error
 --#include seed.lua
 end
-redis.call('hset', KEYS[1], ARGV[1], ARGV[2])
-redis.call('pexpire', KEYS[1], ARGV[3])
+redis.call('hset', KEYS[1], ARGV[1], ARGV[4] or '1')
+redis.call('pexpire', KEYS[1], ARGV[2])
 return f

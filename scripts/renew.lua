@@ -34,9 +34,9 @@ for i = 1, #KEYS do
   elseif kind == 112 then -- 'p'
     local v = redis.pcall('hget', KEYS[i], owner)
     local n, d
-    if type(v) == 'string' then n, d = string.match(v, '^(%d+):(%d+)$') end
+    if type(v) == 'string' then n, d = string.match(v, '^(%d+):?(%d*)$') end
     local l = tonumber(string.sub(lease, 2))
-    if d == '0' then -- a lone holder: its deadline is the key's expiry
+    if d == '' or d == '0' then -- a lone holder: its deadline is the key's expiry
       keep(KEYS[i], l, lease)
       res[i] = 1
     elseif d and tonumber(d) > now() then

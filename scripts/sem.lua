@@ -4,10 +4,11 @@
 --
 -- H maps each acquisition's owner token to '<permits>:<deadline>', the
 -- deadline in server ms, past which a holder that stopped renewing holds
--- nothing. A deadline of 0 is H's own expiry: a lone holder's, written by
--- quick_sem.lua or sem_acquire.lua's free path without asking the clock; it
--- is given its value before another holder is written beside it, so that
--- only H's only field has it. S is the size, kept without expiry (like the
+-- nothing. '<permits>' alone (deadline 0) is H's own expiry: a lone
+-- holder's, written by quick_sem.lua (or quick_lock.lua, for one permit)
+-- or sem_acquire.lua's free path without asking the clock; it is given its
+-- deadline before another holder is written beside it, so that only H's
+-- only field has none. S is the size, kept without expiry (like the
 -- fence counter). Queue entries (see queue.lua) carry the permits asked
 -- for after the arrival: <claim>:<flag>:<wait id>.<arrival>.<permits>:<owner>,
 -- the flag 's', or 'S' with fencing.
@@ -35,14 +36,15 @@ local function stored_size()
   return tonumber(v)
 end
 
--- The permits and deadline of a holder's value, or nil.
+-- The permits and deadline of a holder's value (0: none, H's expiry), or
+-- nil.
 local function holding(v)
-  local n, d = string.match(v, '^(%d+):(%d+)$')
-  return tonumber(n), tonumber(d)
+  local n, d = string.match(v, '^(%d+):?(%d*)$')
+  return tonumber(n), tonumber(d) or 0
 end
 
 -- Drops the holders whose deadline passed, and gives a lone holder's
--- deadline 0 its value when others are (or are to be) beside it. Returns
+-- deadline 0 a value when others are (or are to be) beside it. Returns
 -- the permits held, and how long until a holder's deadline (H's TTL for a
 -- deadline 0), or nil and an error reply for a field that is no holding.
 local function held(anchor)

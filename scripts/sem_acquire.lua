@@ -25,7 +25,7 @@ if redis.call('exists', H, queue) == 0 then
   end
   if type(f) == 'number' and (s == size or not s) then
     if not s then redis.call('set', KEYS[4], size) end
-    redis.call('hset', H, owner, want .. ':0')
+    redis.call('hset', H, owner, want)
     redis.call('pexpire', H, lease)
     return f
   end

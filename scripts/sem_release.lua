@@ -13,7 +13,7 @@ if type(v) ~= 'string' then return 0 end
 if keep == '0' then
   redis.call('hdel', H, owner)
 else
-  redis.call('hset', H, owner, keep .. string.match(v, ':%d+$'))
+  redis.call('hset', H, owner, keep .. (string.match(v, ':%d+$') or ''))
 end
 if redis.call('exists', queue) == 0 then return 1 end
 
