@@ -38,8 +38,9 @@ func checkName(name string) error {
 
 // Kinds of lock, as remutex.LockInfo.Kind names them.
 const (
-	kindMutex   = "mutex"   // a DistMutex: run without --read or --write
-	kindRWMutex = "rwmutex" // a DistRWMutex: run --read or --write
+	kindMutex     = "mutex"     // a DistMutex: run without --read, --write or --permits
+	kindRWMutex   = "rwmutex"   // a DistRWMutex: run --read or --write
+	kindSemaphore = "semaphore" // a DistSemaphore: run --permits
 )
 
 // lockStatus is what status reports about one lock; it is also the JSON
@@ -47,12 +48,16 @@ const (
 type lockStatus struct {
 	Name string `json:"name"`
 	// Key is the key the lock's holds live in: remutex:{NAME} for a mutex,
-	// remutex:{NAME}:rw for a read/write lock (the prefix is --prefix).
+	// remutex:{NAME}:rw for a read/write lock, remutex:{NAME}:sem for a
+	// semaphore (the prefix is --prefix).
 	Key string `json:"key"`
-	// Kind is "mutex", "rwmutex" (a read/write lock), or "" when nothing of
-	// any kind is under the name.
-	Kind    string   `json:"kind"`
-	Held    bool     `json:"held"`    // taken: some owner holds it, or it is kept (see holder.Kept)
+	// Kind is "mutex", "rwmutex" (a read/write lock), "semaphore", or ""
+	// when nothing of any kind is under the name.
+	Kind string `json:"kind"`
+	Held bool   `json:"held"` // taken: some owner holds it (a semaphore: a permit), or it is kept (see holder.Kept)
+	// Size is a semaphore's number of permits, 0 for the other kinds; the
+	// permits held are the sum of its holders' counts.
+	Size    int64    `json:"size"`
 	Holders []holder `json:"holders"` // its holds; [] when free
 	// TTLMillis is the remaining lease in milliseconds, the longest of the
 	// holds': 0 when free, -1 if a key has no expiry (not something remutex
@@ -65,6 +70,9 @@ type lockStatus struct {
 	Readers int64 `json:"readers"`
 	// Queued is the number of live waiters in the lock's queue in Redis.
 	Queued int64 `json:"queued"`
+	// Waiters are those waiters, in arrival order (the order in which they
+	// get the lock); [] when none.
+	Waiters []waiter `json:"waiters"`
 	// WritersWaiting is the number of those that wait to write a read/write
 	// lock (readers that come while one waits queue behind it).
 	WritersWaiting int64 `json:"writers_waiting"`
@@ -84,12 +92,36 @@ type lockStatus struct {
 // nobody holds the lock, but it stays taken for TTLMillis more.
 type holder struct {
 	Owner     string `json:"owner"`  // <client id>:<goroutine id>
-	Count     int64  `json:"count"`  // its hold count (1 for a read hold, 0 for a kept one)
+	Count     int64  `json:"count"`  // its hold count (1 for a read hold, 0 for a kept one); a semaphore's holder: its permits
 	Read      bool   `json:"read"`   // a read hold of a read/write lock
 	Kept      bool   `json:"kept"`   // kept taken by its minimum hold after its release
 	TTLMillis int64  `json:"ttl_ms"` // its remaining lease (kept: minimum hold); -1: no expiry
 	Host      string `json:"host"`   // host of the holder's process
 	PID       int    `json:"pid"`    // its process id
+}
+
+// waiter is one waiter in a lock's queue in Redis.
+type waiter struct {
+	Owner   string    `json:"owner"`   // the owner token it is to hold the lock under
+	Read    bool      `json:"read"`    // it waits to read a read/write lock (false: to write it, or another kind)
+	Permits int64     `json:"permits"` // the permits it asks for, of a semaphore; 0 for the other kinds
+	Host    string    `json:"host"`    // host of the waiting process
+	PID     int       `json:"pid"`     // its process id
+	Since   time.Time `json:"since"`   // when it began to wait, by its own process's clock
+}
+
+// wants says what w waits for, in a lock of kind: "lock" (a mutex), "read"
+// or "write" (a read/write lock), "N permits" (a semaphore).
+func (w waiter) wants(kind string) string {
+	switch {
+	case kind == kindSemaphore:
+		return plural(w.Permits, "permit")
+	case kind != kindRWMutex:
+		return "lock"
+	case w.Read:
+		return "read"
+	}
+	return "write"
 }
 
 // readStatus reads the state of lock name, of every kind. A key of another
@@ -99,7 +131,8 @@ func readStatus(ctx context.Context, locks *remutex.Client, name string) (lockSt
 	info, err := locks.Inspect(ctx, name)
 	var wt *remutex.WrongTypeError
 	if errors.As(err, &wt) {
-		return lockStatus{Name: name, Key: info.Key, Holders: []holder{}, Error: strings.TrimPrefix(wt.Error(), "remutex: ")}, nil
+		return lockStatus{Name: name, Key: info.Key, Holders: []holder{}, Waiters: []waiter{},
+			Error: strings.TrimPrefix(wt.Error(), "remutex: ")}, nil
 	}
 	if err != nil {
 		return lockStatus{}, err
@@ -118,16 +151,21 @@ func statusOf(info remutex.LockInfo) lockStatus {
 		Key:            info.Key,
 		Kind:           info.Kind,
 		Held:           len(info.Holders) > 0,
+		Size:           info.Size,
 		Holders:        make([]holder, len(info.Holders)),
 		TTLMillis:      millis(info.TTL),
 		Fence:          info.Fence,
 		Readers:        int64(info.Readers),
 		Queued:         int64(len(info.Waiters)),
+		Waiters:        make([]waiter, len(info.Waiters)),
 		WritersWaiting: int64(info.WritersWaiting),
 		Subscribers:    int64(info.Subscribers),
 	}
 	for i, h := range info.Holders {
 		st.Holders[i] = holder{Owner: h.Owner, Count: int64(h.Count), Read: h.Read, Kept: h.Kept, TTLMillis: millis(h.TTL), Host: h.Host, PID: h.PID}
+	}
+	for i, w := range info.Waiters {
+		st.Waiters[i] = waiter{Owner: w.Owner, Read: w.Read, Permits: int64(w.Permits), Host: w.Host, PID: w.PID, Since: w.Since}
 	}
 	return st
 }
@@ -153,7 +191,7 @@ func (st lockStatus) ofKind(kind string) lockStatus {
 			return k
 		}
 	}
-	return lockStatus{Name: st.Name, Kind: kind, Holders: []holder{}}
+	return lockStatus{Name: st.Name, Kind: kind, Holders: []holder{}, Waiters: []waiter{}}
 }
 
 // stateKept is the state of a mutex that nobody holds but that its minimum
@@ -163,12 +201,17 @@ const stateKept = "kept"
 // state says in a word whether the lock is held and how: "free", "held" (a
 // mutex), "kept" (a mutex held by nobody, kept taken by its minimum hold),
 // "write" (a read/write lock held for writing, "write, read ×N" while its
-// writer also holds a read hold), "read ×N" (N readers).
+// writer also holds a read hold), "read ×N" (N readers), "held H/S" and
+// "free 0/S" (a semaphore of S permits, H of them held).
 func (st lockStatus) state() string {
 	writers := int64(len(st.Holders)) - st.Readers
 	switch {
 	case st.Error != "":
 		return "not a lock"
+	case st.Kind == kindSemaphore && !st.Held:
+		return fmt.Sprintf("free 0/%d", st.Size)
+	case st.Kind == kindSemaphore:
+		return fmt.Sprintf("held %d/%d", st.permitsHeld(), st.Size)
 	case !st.Held:
 		return "free"
 	case st.Kind != kindRWMutex && st.kept():
@@ -208,12 +251,22 @@ func (h holder) describeHold(kind string) string {
 	switch {
 	case h.Kept:
 		return fmt.Sprintf("kept taken by its minimum hold after a run by %s, with %s of it left", h.describe(), describeTTL(h.TTLMillis))
+	case kind == kindSemaphore:
+		return fmt.Sprintf("held by %s, %s, with %s of its lease left", h.describe(), plural(h.Count, "permit"), describeTTL(h.TTLMillis))
 	case kind != kindRWMutex:
 		return fmt.Sprintf("held by %s, hold count %d, with %s of its lease left", h.describe(), h.Count, describeTTL(h.TTLMillis))
 	case h.Read:
 		return fmt.Sprintf("held for reading by %s, with %s of its lease left", h.describe(), describeTTL(h.TTLMillis))
 	}
 	return fmt.Sprintf("held for writing by %s, hold count %d, with %s of its lease left", h.describe(), h.Count, describeTTL(h.TTLMillis))
+}
+
+// plural is n things: "1 permit", "2 permits".
+func plural(n int64, thing string) string {
+	if n == 1 {
+		return "1 " + thing
+	}
+	return fmt.Sprintf("%d %ss", n, thing)
 }
 
 // describeTTL renders a remaining lease for people.

@@ -8,9 +8,9 @@
 //
 // Usage:
 //
-//	remutex run [--lease D | --max-hold D] [--min-hold D] [--wait D] [--grace D] [--fence-env NAME] [--read | --write] NAME -- COMMAND [ARGS...]
+//	remutex run [--lease D | --max-hold D] [--min-hold D] [--wait D] [--grace D] [--fence-env NAME] [--read | --write | --permits N] NAME -- COMMAND [ARGS...]
 //	remutex status [--json] NAME...
-//	remutex unlock --force [--yes] NAME
+//	remutex unlock --force [--yes] [--owner OWNER]... NAME
 //	remutex help [COMMAND]
 //	remutex --version
 //
@@ -28,6 +28,16 @@
 // at once, or one --write run, and a reader that comes while a writer waits
 // queues behind the writer. A --read run gets the token of the latest write
 // (0 before any).
+//
+// With --permits N, run takes instead one permit of the semaphore NAME of N
+// permits, as remutex.DistSemaphore does (a lock of its own again): at most
+// N runs of it run their commands at once, across machines, and the others
+// queue, first come first served, with the same process-group guarantees
+// as a mutex's run (below). Every run of the semaphore must give the same N:
+// the size is kept in Redis, and a run with another N is refused (status
+// 64). Each run gets the fencing token of its own acquisition. --permits
+// goes with --lease or --max-hold, --wait, --grace and --fence-env, not
+// with --read, --write or --min-hold (a mutex's).
 //
 // Scheduled jobs: the same cron line on several machines, whose clocks and
 // schedulers differ, runs its job once per tick with
@@ -71,25 +81,29 @@
 // and Ctrl-C reaches it once; stopping it with Ctrl-Z is not supported.
 //
 // status prints, for each lock, of each kind under its name (mutex,
-// rwmutex), its state (free, held, kept, write, read ×N; kept: a mutex that
-// nobody holds but its minimum hold keeps taken, for the time its TTL
-// shows), each hold's owner token
-// with the host and pid of the holding process, its mode (read or write, for
-// a read/write lock), hold count and remaining lease, the last fencing token
-// handed out, the waiters queued in Redis and how many of them wait to
-// write, and the number of Clients listening for the lock's messages; --json
-// prints the same as a JSON array for scripts. It reads the lock with
-// remutex's Client.Inspect.
+// rwmutex, semaphore), its state (free, held, kept, write, read ×N, and for
+// a semaphore of S permits held H/S or free 0/S; kept: a mutex that nobody
+// holds but its minimum hold keeps taken, for the time its TTL shows), each
+// hold's owner token with the host and pid of the holding process, its mode
+// (read or write, for a read/write lock), hold count (a semaphore holder's
+// permits) and remaining lease, the last fencing token handed out, the
+// waiters queued in Redis and how many of them wait to write, and the number
+// of Clients listening for the lock's messages; then the waiters, each with
+// its owner token, host, pid, what it waits for (a semaphore's waiter: how
+// many permits) and for how long. --json prints the same as a JSON array
+// for scripts. It reads the lock with remutex's Client.Inspect.
 //
 // unlock --force releases a stuck lock (a holder that is frozen, not dead: a
 // dead holder's lock ends by itself within its lease) as the holders' own
 // unlocks would, whatever its kind: a mutex's hold, a read/write lock's write
-// hold and read holds. Its waiters are woken or handed the lock as after
-// those unlocks (remutex's Client.ForceUnlock). It asks for confirmation on
-// standard input unless --yes is given, it releases only the holds it showed
-// (nothing if the lock changed hands since it was read), and it names those
-// that had ended meanwhile. Each holder, if it resumes, finds its lease lost.
-// It also frees a mutex kept by its minimum hold.
+// hold and read holds, a semaphore's holders with all their permits; with
+// --owner, only the holds of the owner tokens given. Its waiters are woken
+// or handed the lock as after those unlocks (remutex's Client.ForceUnlock).
+// It asks for confirmation on standard input unless --yes is given, it
+// releases only the holds it showed (nothing if the lock changed hands since
+// it was read), and it names those that had ended meanwhile. Each holder, if
+// it resumes, finds its lease lost. It also frees a mutex kept by its
+// minimum hold.
 //
 // # Connection
 //
@@ -108,7 +122,7 @@
 //	0-255  run: the command's own status; 128+N if a signal N killed it
 //	0      status, unlock: done (unlock: also when the lock was already free)
 //	1      unlock: not confirmed, or the lock changed hands meanwhile
-//	64     usage error
+//	64     usage error; run: also a --permits that is not the semaphore's size
 //	69     Redis error: unreachable, a failed command, a key of another type
 //	75     run: --wait passed and the lock was still held; the command did not run
 //	79     run: the lease was lost while the command ran (or --max-hold passed)
@@ -145,9 +159,9 @@ const (
 const usageText = `remutex: a distributed lock on Redis for scripts and cron jobs
 
 Usage:
-  remutex run [--lease D | --max-hold D] [--min-hold D] [--wait D] [--grace D] [--fence-env NAME] [--read | --write] NAME -- COMMAND [ARGS...]
+  remutex run [--lease D | --max-hold D] [--min-hold D] [--wait D] [--grace D] [--fence-env NAME] [--read | --write | --permits N] NAME -- COMMAND [ARGS...]
   remutex status [--json] NAME...
-  remutex unlock --force [--yes] NAME
+  remutex unlock --force [--yes] [--owner OWNER]... NAME
   remutex help [COMMAND]
   remutex --version
 
@@ -155,14 +169,18 @@ Commands:
   run     take lock NAME (waiting up to --wait), run COMMAND while the lease is
           renewed, release the lock when it exits, and exit with its status;
           --read or --write take the read/write lock NAME for reading or
-          writing; --min-hold and --max-hold bound the hold from below and
-          above, for a scheduled job that is to run once per tick
-  status  show each lock's kind and state (free, held, kept, write, read ×N), its
-          holders (owner, mode, host, pid), hold counts, remaining leases,
-          last fencing token, queued waiters, waiting writers and subscribed
-          Clients
-  unlock  release a stuck lock's holds, read and write holds too, and wake its
-          next waiters (asks first unless --yes)
+          writing; --permits N takes one permit of the semaphore NAME of N
+          permits (at most N runs at once); --min-hold and --max-hold bound
+          the hold from below and above, for a scheduled job that is to run
+          once per tick
+  status  show each lock's kind and state (free, held, kept, write, read ×N,
+          held H/S permits), its holders (owner, mode, host, pid), hold
+          counts or permits, remaining leases, last fencing token, queued
+          waiters (who, waiting for what and how long), waiting writers and
+          subscribed Clients
+  unlock  release a stuck lock's holds (read and write holds, a semaphore's
+          permits; --owner: only those of one holder) and wake its next
+          waiters (asks first unless --yes)
 
 Run "remutex help COMMAND" for a command's flags and details, and
 "remutex --version" for the version.
@@ -177,7 +195,7 @@ Exit status:
   0-255  run: the command's own status; 128+N if a signal N killed it
   0      status, unlock: done (unlock: also when the lock was already free)
   1      unlock: not confirmed, or the lock changed hands meanwhile
-  64     usage error
+  64     usage error; run: also a --permits that is not the semaphore's size
   69     Redis error: unreachable, a failed command, a key of another type
   75     run: --wait passed while the lock was held; the command did not run
   79     run: the lease was lost while the command ran, or --max-hold passed

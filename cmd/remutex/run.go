@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"log/slog"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -32,7 +31,15 @@ The lock is a mutex (remutex.DistMutex): one run at a time. With --read or
 --write it is instead the read/write lock of that name (remutex.DistRWMutex,
 independent of the mutex): any number of --read runs at once, or one --write
 run, and readers that come while a writer waits queue behind it. A --read
-run's fencing token is that of the latest write (0 before any).
+run's fencing token is that of the latest write (0 before any). With
+--permits N it is instead the semaphore NAME of N permits
+(remutex.DistSemaphore, independent of the other two): each run holds one
+permit, so at most N runs of it run their commands at once, wherever they
+are; the others queue, first come first served. Every run of a semaphore
+must give the same N (the size is kept in Redis; a run with another N is
+refused with status 64). A run's fencing token is that of its own
+acquisition. --permits goes with --lease or --max-hold, --wait, --grace and
+--fence-env; not with --read, --write or --min-hold.
 
 For a scheduled job that runs on several machines (the same cron line on
 each), --min-hold keeps the lock taken until that long after it was taken,
@@ -70,8 +77,9 @@ elsewhere it is best effort. A process that leaves the group on purpose
 On a terminal the command's group is the foreground group while it runs: it
 can read the terminal, and Ctrl-C reaches it once. Ctrl-Z is not supported.
 
-Exit status: the command's; 64 usage error; 69 Redis error; 75 --wait passed
-while the lock was held (the command did not run); 79 lease lost, or
+Exit status: the command's; 64 usage error (also a --permits that is not the
+semaphore's size); 69 Redis error; 75 --wait passed while the lock was held
+(no permit was free; the command did not run); 79 lease lost, or
 --max-hold reached; 126 the command could not be executed; 127 the command
 was not found.
 
@@ -156,11 +164,17 @@ type runConfig struct {
 	// (remutex.WithLease and WithoutRenewal), in place of lease; 0, the
 	// default: lease, renewed while the command runs.
 	maxHold time.Duration
+	// permits is --permits: the size of the semaphore NAME, of which the run
+	// takes one permit; 0, the default: a mutex (or --read, --write).
+	permits permitsFlag
 }
 
 // kind is the kind of lock cfg takes.
 func (cfg *runConfig) kind() string {
-	if cfg.read || cfg.write {
+	switch {
+	case cfg.permits > 0:
+		return kindSemaphore
+	case cfg.read || cfg.write:
 		return kindRWMutex
 	}
 	return kindMutex
@@ -202,13 +216,18 @@ func (cfg *runConfig) check(leaseSet bool) error {
 		return errors.New("--lease and --max-hold exclude each other (--max-hold is a lease that is not renewed)")
 	case cfg.maxHold != 0 && cfg.minHold > cfg.maxHold:
 		return fmt.Errorf("--min-hold %v exceeds --max-hold %v: the lock is held at most that long", cfg.minHold, cfg.maxHold)
+	case cfg.permits > 0 && (cfg.read || cfg.write):
+		return errors.New("--permits takes a semaphore, --read and --write a read/write lock: not both")
+	case cfg.minHold != 0 && cfg.permits > 0:
+		return errors.New("--min-hold is for a mutex, not with --permits")
 	case cfg.minHold != 0 && (cfg.read || cfg.write):
 		return errors.New("--min-hold is for a mutex, not with --read or --write")
 	}
 	return nil
 }
 
-// runLock is the lock run holds: a DistMutex, or a side of a DistRWMutex.
+// runLock is the lock run holds: a DistMutex, a side of a DistRWMutex, or a
+// permit of a DistSemaphore.
 type runLock interface {
 	LockContext(ctx context.Context) error
 	TryLockContext(ctx context.Context) (bool, error)
@@ -229,6 +248,8 @@ func (r readLock) UnlockContext(ctx context.Context) error { return r.RUnlockCon
 // newLock returns the lock cfg asks for.
 func (cfg *runConfig) newLock(locks *remutex.Client, opts []remutex.MutexOption) runLock {
 	switch {
+	case cfg.permits > 0:
+		return semLock{locks.NewSemaphore(cfg.name, int64(cfg.permits), opts...)}
 	case cfg.read:
 		return readLock{locks.NewRWMutex(cfg.name, opts...)}
 	case cfg.write:
@@ -249,6 +270,8 @@ func (c *cli) run(args []string) int {
 		"environment `variable` that gets the fencing token; empty: no fencing")
 	fs.BoolVar(&cfg.read, "read", false, "take the read lock of the read/write lock NAME, which other --read runs share")
 	fs.BoolVar(&cfg.write, "write", false, "take the write lock of the read/write lock NAME")
+	fs.Var(&cfg.permits, "permits",
+		"take one permit of the semaphore NAME of this `number` of permits: at most that many runs at once (every run of NAME gives the same number)")
 	fs.Var((*durationValue)(&cfg.minHold), "min-hold",
 		"keep the lock taken until this `duration` after it was taken, even if the command is done sooner (scheduled jobs: once per tick); 0: off")
 	fs.Var((*durationValue)(&cfg.maxHold), "max-hold",
@@ -424,6 +447,9 @@ func (c *cli) acquire(ctx context.Context, interrupted func() os.Signal, m runLo
 		c.errorf("%s; %s, the command did not run%s", msg, gaveUp, seen.describe())
 		return exitTimeout, false
 	}
+	if code, ok := c.sizeMismatch(err, cfg); ok {
+		return code, false
+	}
 	c.errorf("%v", err)
 	return exitRedis, false
 }
@@ -440,6 +466,8 @@ func (c *cli) busy(locks *remutex.Client, cfg runConfig) string {
 	}
 	st := all.ofKind(cfg.kind())
 	switch {
+	case st.Kind == kindSemaphore:
+		return semBusy(st)
 	case st.state() == stateKept:
 		h := st.Holders[0]
 		return fmt.Sprintf("lock %q is kept taken by its minimum hold for %s more, after a run by %s",
@@ -525,68 +553,6 @@ func (c *cli) supervise(cmd *exec.Cmd, cfg runConfig, sigs <-chan os.Signal, los
 		}
 	}
 }
-
-// lastError keeps the last error the remutex Client reported (a retried
-// transient error, a lost lease), to explain a timeout.
-type lastError struct {
-	mu  sync.Mutex
-	err error
-}
-
-func (l *lastError) set(err error) {
-	l.mu.Lock()
-	l.err = err
-	l.mu.Unlock()
-}
-
-func (l *lastError) describe() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.err == nil {
-		return ""
-	}
-	return "; last error: " + l.err.Error()
-}
-
-// lineHandler writes the library's warnings as one short line each:
-// "remutex: renewal failed: locks=1 err=...". It leaves out the loss of the
-// lock, which run reports itself together with what it does about it.
-type lineHandler struct {
-	w     io.Writer
-	mu    *sync.Mutex
-	attrs []slog.Attr
-}
-
-func (h *lineHandler) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
-
-func (h *lineHandler) Handle(_ context.Context, r slog.Record) error {
-	if r.Message == "remutex: lock lost" {
-		return nil
-	}
-	var b strings.Builder
-	b.WriteString(r.Message)
-	sep := ": "
-	add := func(a slog.Attr) bool {
-		fmt.Fprintf(&b, "%s%s=%v", sep, a.Key, a.Value)
-		sep = " "
-		return true
-	}
-	for _, a := range h.attrs {
-		add(a)
-	}
-	r.Attrs(add)
-	b.WriteByte('\n')
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	_, err := io.WriteString(h.w, b.String())
-	return err
-}
-
-func (h *lineHandler) WithAttrs(as []slog.Attr) slog.Handler {
-	return &lineHandler{w: h.w, mu: h.mu, attrs: append(append([]slog.Attr(nil), h.attrs...), as...)}
-}
-
-func (h *lineHandler) WithGroup(string) slog.Handler { return h }
 
 // signalNumber returns a signal's number, for the 128+N exit status.
 func signalNumber(s os.Signal) int {

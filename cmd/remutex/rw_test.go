@@ -36,19 +36,36 @@ func statusJSON(t *testing.T, addr string, names ...string) []lockStatus {
 	return got
 }
 
-// statusTable runs status for name and returns its lines with their columns
-// split at white space, the header first. (STATE "read ×N" is two fields.)
+// statusTable runs status for name and returns the lines of its table of
+// locks with their columns split at white space, the header first. (STATE
+// "read ×N" is two fields.)
 func statusTable(t *testing.T, addr, name string) [][]string {
+	t.Helper()
+	locks, _ := statusTables(t, addr, name)
+	return locks
+}
+
+// statusTables runs status for name and returns the lines of both its
+// tables, locks and waiters (nil when nobody waits), split as statusTable
+// splits them.
+func statusTables(t *testing.T, addr, name string) (locks, waiters [][]string) {
 	t.Helper()
 	code, stdout, stderr := run(t, cliEnv(), "", "--addr", addr, "status", name)
 	if code != 0 {
 		t.Fatalf("status: exit status %d, want 0; stderr:\n%s", code, stderr)
 	}
-	var rows [][]string
-	for _, line := range strings.Split(strings.TrimSuffix(stdout, "\n"), "\n") {
-		rows = append(rows, strings.Fields(line))
+	first, second, _ := strings.Cut(strings.TrimSuffix(stdout, "\n"), "\n\n")
+	split := func(table string) [][]string {
+		var rows [][]string
+		for _, line := range strings.Split(table, "\n") {
+			rows = append(rows, strings.Fields(line))
+		}
+		return rows
 	}
-	return rows
+	if second != "" {
+		waiters = split(second)
+	}
+	return split(first), waiters
 }
 
 // TestRunReadWrite: two run --read share the lock; run --write waits for

@@ -15,33 +15,45 @@ const statusUsage = `Usage: remutex status [--json] NAME...
 
 Shows, for each lock NAME, of each kind found under the name (a mutex, as
 remutex run takes and remutex.DistMutex is; a read/write lock, as run --read
-and --write take and remutex.DistRWMutex is; independent locks that may
-share a name): its kind and state, each hold with its owner token (<client
-id>:<goroutine id>), mode, host, pid, hold count and remaining lease, the
-last fencing token handed out, the waiters queued in Redis (and how many of
-them wait to write), and the Clients listening for the lock's messages
-(waiting for it, or having just waited). It changes nothing.
+and --write take and remutex.DistRWMutex is; a semaphore, as run --permits
+takes and remutex.DistSemaphore is; independent locks that may share a
+name): its kind and state, each hold with its owner token (<client
+id>:<goroutine id>), mode, host, pid, hold count (a semaphore's holder: its
+permits) and remaining lease, the last fencing token handed out, the
+waiters queued in Redis (and how many of them wait to write), and the
+Clients listening for the lock's messages (waiting for it, or having just
+waited). Below, when any lock has waiters, a second table lists them in
+the order in which they get the lock: who waits (owner, host, pid), for
+what (WANTS: lock, read, write, or a semaphore's N permits), and for how
+long (by the waiting process's clock). It changes nothing.
 
 STATE is free, held (a mutex), kept (a mutex that nobody holds, kept taken
 by its minimum hold: run --min-hold), write (a read/write lock held for
-writing), or read ×N (held for reading by N readers). MODE is a hold's:
-write or read for a read/write lock, - for a mutex. TTL is each hold's
+writing), read ×N (held for reading by N readers), or, for a semaphore of S
+permits, held H/S (H of them held) or free 0/S. MODE is a hold's: write or
+read for a read/write lock, - for the other kinds. TTL is each hold's
 remaining lease; for a kept lock, the time its minimum hold has left, and
 HOLDER the owner whose run it was (COUNT 0).
 
 --json prints a JSON array with one object per lock NAME:
-  {"name", "key", "kind", "held",
+  {"name", "key", "kind", "held", "size",
    "holders": [{"owner", "count", "read", "kept", "ttl_ms", "host", "pid"}],
-   "ttl_ms", "fence", "readers", "queued", "writers_waiting", "subscribers",
-   "others", "error"}
-kind is "mutex", "rwmutex" (a read/write lock) or "" (nothing under the
-name); key is where its holds live (a read/write lock's writer hash ends in
-":rw"); held is true while the lock is taken, also when kept; read marks a
-read hold; kept marks a hold kept by its minimum hold (its holder released
-it: count 0, ttl_ms the time left); ttl_ms is the longest lease left, 0 for a
-free lock; fence is 0 if no fencing token was ever handed out; readers
-counts the read holds, writers_waiting the queued waiters that wait to
-write. others (omitted when empty) holds, as objects of the same form, the
+   "ttl_ms", "fence", "readers", "queued",
+   "waiters": [{"owner", "read", "permits", "host", "pid", "since"}],
+   "writers_waiting", "subscribers", "others", "error"}
+kind is "mutex", "rwmutex" (a read/write lock), "semaphore" or "" (nothing
+under the name); key is where its holds live (a read/write lock's writer
+hash ends in ":rw", a semaphore's holders hash in ":sem"); held is true
+while the lock is taken, also when kept; size is a semaphore's number of
+permits (0 for the other kinds); count is a hold count, a semaphore
+holder's permits; read marks a read hold; kept marks a hold kept by its
+minimum hold (its holder released it: count 0, ttl_ms the time left); ttl_ms
+is the longest lease left, 0 for a free lock; fence is 0 if no fencing
+token was ever handed out; readers counts the read holds; waiters are the
+queued waiters in arrival order, read marking a reader and permits the
+permits a semaphore's waiter asks for, since (RFC 3339) when it began to
+wait by its own clock; writers_waiting counts those that wait to write.
+others (omitted when empty) holds, as objects of the same form, the
 locks of the other kinds that have state under the same name; error
 (omitted when empty) says why the key is not a lock.
 
@@ -111,23 +123,45 @@ func (c *cli) status(args []string) int {
 
 // printStatus prints a table: one line per hold of each lock, one for a
 // lock that nobody holds; a lock of each kind under a name has its own
-// lines.
+// lines. If any lock has waiters, a blank line and a table of them follow.
 func printStatus(w io.Writer, all []lockStatus) error {
 	rows := [][]string{{"NAME", "STATE", "KIND", "HOLDER", "MODE", "HOST", "PID", "COUNT", "TTL", "FENCE", "QUEUED", "WRITERS-WAITING", "SUBSCRIBERS"}}
+	waiting := [][]string{{"NAME", "KIND", "WAITER", "WANTS", "HOST", "PID", "WAITING"}}
+	now := time.Now()
 	for _, st := range all {
 		for _, k := range st.kinds() {
 			rows = append(rows, statusRows(k)...)
+			for _, wt := range k.Waiters {
+				host, pid := "-", "-"
+				if wt.Host != "" {
+					host, pid = wt.Host, strconv.Itoa(wt.PID)
+				}
+				waiting = append(waiting, []string{printable(k.Name), k.Kind, wt.Owner, wt.wants(k.Kind), host, pid,
+					describeTTL(max(now.Sub(wt.Since), 0).Milliseconds())})
+			}
 		}
 	}
-	return writeTable(w, rows)
+	if err := writeTable(w, rows); err != nil || len(waiting) == 1 {
+		return err
+	}
+	if _, err := io.WriteString(w, "\n"); err != nil {
+		return err
+	}
+	return writeTable(w, waiting)
+}
+
+// printable is a lock name as the tables show it: quoted if it holds
+// characters that do not print (no control characters on the terminal).
+func printable(name string) string {
+	if strings.ContainsFunc(name, func(r rune) bool { return !unicode.IsPrint(r) }) {
+		return strconv.Quote(name)
+	}
+	return name
 }
 
 // statusRows are the table's lines for one kind of lock under a name.
 func statusRows(st lockStatus) [][]string {
-	name := st.Name
-	if strings.ContainsFunc(name, func(r rune) bool { return !unicode.IsPrint(r) }) {
-		name = strconv.Quote(name) // no control characters on the terminal
-	}
+	name := printable(st.Name)
 	kind, fence, writers := "-", "-", "-"
 	if st.Kind != "" {
 		kind = st.Kind

@@ -49,10 +49,16 @@ func TestStatusJSON(t *testing.T) {
 		t.Errorf("fence %d, want the holder's token %d", h.Fence, fence)
 	case h.Queued != 1 || h.Subscribers != 1:
 		t.Errorf("queued %d, subscribers %d; want 1 and 1 (the waiting run)", h.Queued, h.Subscribers)
+	case len(h.Waiters) != 1 || h.Waiters[0].PID != waiter.cmd.Process.Pid || h.Waiters[0].Read || h.Waiters[0].Permits != 0 ||
+		h.Waiters[0].Since.After(time.Now()) || !strings.Contains(h.Waiters[0].Owner, fmt.Sprintf(".%d:", waiter.cmd.Process.Pid)):
+		t.Errorf("waiters %+v, want the waiting run (pid %d), not a reader, no permits, waiting since before now", h.Waiters, waiter.cmd.Process.Pid)
 	}
 	f := got[1]
-	if f.Name != free || f.Held || len(f.Holders) != 0 || f.TTLMillis != 0 || f.Fence != 0 || f.Queued != 0 || f.Error != "" {
-		t.Errorf("free lock: got %+v, want not held, no holders, ttl 0, fence 0, nothing queued", f)
+	if f.Name != free || f.Held || len(f.Holders) != 0 || f.TTLMillis != 0 || f.Fence != 0 || f.Queued != 0 || len(f.Waiters) != 0 || f.Size != 0 || f.Error != "" {
+		t.Errorf("free lock: got %+v, want not held, no holders, ttl 0, fence 0, nothing queued, size 0", f)
+	}
+	if !strings.Contains(stdout, `"waiters": []`) {
+		t.Errorf("a free lock's waiters should be an empty array, not null:\n%s", stdout)
 	}
 	if !strings.Contains(stdout, `"kept": false`) {
 		t.Errorf("a held lock's holder should say \"kept\": false:\n%s", stdout)
@@ -61,14 +67,24 @@ func TestStatusJSON(t *testing.T) {
 		t.Errorf("a free lock's holders should be an empty array, not null:\n%s", stdout)
 	}
 
-	// The table for people shows the same.
+	// The tables for people show the same: the locks, then the waiters.
 	code, stdout, _ = run(t, cliEnv(), "", "status", "--addr", srv.addr(), held, free)
-	lines := strings.Split(strings.TrimSpace(stdout), "\n")
+	locks, waiting, _ := strings.Cut(strings.TrimSpace(stdout), "\n\n")
+	lines := strings.Split(locks, "\n")
 	header := "NAME STATE KIND HOLDER MODE HOST PID COUNT TTL FENCE QUEUED WRITERS-WAITING SUBSCRIBERS"
 	held1 := fmt.Sprintf("%s held mutex %s - %s %d 1", held, h.Holders[0].Owner, h.Holders[0].Host, h.Holders[0].PID)
 	if code != 0 || len(lines) != 3 || strings.Join(strings.Fields(lines[0]), " ") != header ||
 		!strings.HasPrefix(strings.Join(strings.Fields(lines[1]), " "), held1+" ") || !strings.Contains(lines[2], "free") {
 		t.Errorf("status: exit %d, output:\n%s", code, stdout)
+	}
+	lines = strings.Split(waiting, "\n")
+	waiter1 := fmt.Sprintf("%s mutex %s lock %s %d ", held, "<owner>", h.Holders[0].Host, waiter.cmd.Process.Pid)
+	if len(h.Waiters) == 1 {
+		waiter1 = fmt.Sprintf("%s mutex %s lock %s %d ", held, h.Waiters[0].Owner, h.Waiters[0].Host, waiter.cmd.Process.Pid)
+	}
+	if len(lines) != 2 || strings.Join(strings.Fields(lines[0]), " ") != "NAME KIND WAITER WANTS HOST PID WAITING" ||
+		!strings.HasPrefix(strings.Join(strings.Fields(lines[1]), " "), waiter1) {
+		t.Errorf("status: want a table of waiters after the locks, with one line %q...; output:\n%s", waiter1, stdout)
 	}
 
 	// A key of another type under a lock's name is reported, and untouched.

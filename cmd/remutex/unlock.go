@@ -3,27 +3,36 @@ package main
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/remutex/remutex"
 )
 
-const unlockUsage = `Usage: remutex unlock --force [--yes] NAME
+const unlockUsage = `Usage: remutex unlock --force [--yes] [--owner OWNER]... NAME
 
 Releases the lock NAME out from under its holders, as their own unlocks
-would, whatever its kind: a mutex's hold, or a read/write lock's write hold
-and read holds (a mutex and a read/write lock of one name are independent
-locks: the holds of both are released). The lock's waiters are woken or
-handed the lock as after an unlock: a mutex's longest waiter; a read/write
-lock's readers at the head of its queue together, or its first waiting
-writer once no reader is left. Use it for a holder that is frozen rather
-than dead: a dead holder's lock ends by itself within its lease. Each
-holder, if it runs again, finds its lease lost. The fencing counter is
-kept, so tokens keep rising. A mutex kept taken by its minimum hold (run
---min-hold; status shows it as kept), which nobody holds, is freed too.
+would, whatever its kind: a mutex's hold, a read/write lock's write hold and
+read holds, a semaphore's holders with all their permits (a mutex, a
+read/write lock and a semaphore of one name are independent locks: the
+holds of all are released). The lock's waiters are woken or handed the lock
+as after an unlock: a mutex's longest waiter; a read/write lock's readers at
+the head of its queue together, or its first waiting writer once no reader
+is left; a semaphore's waiters at the head of its queue whose requests fit
+in the permits now free, in arrival order. Use it for a holder that is
+frozen rather than dead: a dead holder's lock ends by itself within its
+lease. Each holder, if it runs again, finds its lease lost. The fencing
+counter is kept, so tokens keep rising; so is a semaphore's size. A mutex
+kept taken by its minimum hold (run --min-hold; status shows it as kept),
+which nobody holds, is freed too.
+
+--owner releases only the holds of that owner token (as status shows it in
+HOLDER), of every kind; give it again for several: for instance the one
+frozen holder of a semaphore, leaving its other holders their permits.
 
 It shows the holds and asks for confirmation on standard input unless --yes
 is given. It releases only the holds it showed, so nothing of a lock that
@@ -40,6 +49,8 @@ func (c *cli) unlock(args []string) int {
 	fs := c.flagSet("unlock")
 	force := fs.Bool("force", false, "required: release the lock even though another process holds it")
 	yes := fs.Bool("yes", false, "do not ask for confirmation")
+	var owners ownersFlag
+	fs.Var(&owners, "owner", "release only the holds of this owner `token` (as status shows it); repeat for several")
 	names, code, ok := c.parseNames(fs, args, func(w io.Writer) {
 		fmt.Fprint(w, unlockUsage)
 		fs.SetOutput(w)
@@ -49,7 +60,7 @@ func (c *cli) unlock(args []string) int {
 		return code
 	}
 	if len(names) != 1 {
-		return c.usageError("unlock: want exactly one lock name (usage: remutex unlock --force [--yes] NAME)")
+		return c.usageError("unlock: want exactly one lock name (usage: remutex unlock --force [--yes] [--owner OWNER]... NAME)")
 	}
 	if !*force {
 		return c.usageError("unlock: needs --force: it takes the lock away from whoever holds it")
@@ -68,7 +79,36 @@ func (c *cli) unlock(args []string) int {
 	defer rdb.Close()
 	locks := c.lockClient(rdb)
 	defer locks.Close() // before rdb.Close
-	return c.forceUnlock(ctx, locks, name, *yes)
+	return c.forceUnlock(ctx, locks, name, owners, *yes)
+}
+
+// ownersFlag is --owner, given any number of times: the owner tokens whose
+// holds unlock releases; none: every hold.
+type ownersFlag []string
+
+func (o *ownersFlag) String() string { return strings.Join(*o, ",") }
+
+func (o *ownersFlag) Set(s string) error {
+	if s == "" {
+		return errors.New("want an owner token, as status shows it")
+	}
+	*o = append(*o, s)
+	return nil
+}
+
+// only returns the holds of holds that are of owners: all of them if
+// owners is empty.
+func (o ownersFlag) only(holds []hold) []hold {
+	if len(o) == 0 {
+		return holds
+	}
+	var mine []hold
+	for _, h := range holds {
+		if slices.Contains(o, h.Owner) {
+			mine = append(mine, h)
+		}
+	}
+	return mine
 }
 
 // hold is one hold of a lock, as shown: its lock's kind and its holder.
@@ -90,9 +130,9 @@ func holdsOf(st lockStatus) []hold {
 	return holds
 }
 
-// forceUnlock shows the holds of lock name, asks unless yes, and releases
-// the holds it showed.
-func (c *cli) forceUnlock(ctx context.Context, locks *remutex.Client, name string, yes bool) int {
+// forceUnlock shows the holds of lock name (those of owners, if given),
+// asks unless yes, and releases the holds it showed.
+func (c *cli) forceUnlock(ctx context.Context, locks *remutex.Client, name string, owners ownersFlag, yes bool) int {
 	st, err := readStatus(ctx, locks, name)
 	switch {
 	case err != nil:
@@ -100,8 +140,12 @@ func (c *cli) forceUnlock(ctx context.Context, locks *remutex.Client, name strin
 	case st.Error != "":
 		return c.fail(redisErr{fmt.Errorf("lock %q: %s; not released", name, st.Error)})
 	}
-	holds := holdsOf(st)
-	if len(holds) == 0 {
+	holds := owners.only(holdsOf(st))
+	switch {
+	case len(holds) == 0 && len(owners) > 0:
+		fmt.Fprintf(c.stdout, "lock %q is not held by %s; nothing to release\n", name, strings.Join(owners, " or "))
+		return exitOK
+	case len(holds) == 0:
 		fmt.Fprintf(c.stdout, "lock %q is not held; nothing to release\n", name)
 		return exitOK
 	}
@@ -114,6 +158,9 @@ func (c *cli) forceUnlock(ctx context.Context, locks *remutex.Client, name strin
 	switch {
 	case err != nil:
 		return c.fail(redisErr{err})
+	case len(released) == 0 && len(owners) > 0:
+		fmt.Fprintf(c.stdout, "lock %q: the holds of %s had ended meanwhile; nothing to release\n", name, strings.Join(owners, " or "))
+		return exitOK
 	case len(released) == 0:
 		return c.changedHands(ctx, locks, name)
 	}
