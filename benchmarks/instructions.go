@@ -152,7 +152,7 @@ func (r *results) countWindows(v variant, what string, ops, windows int, w windo
 		r.Problems = append(r.Problems, fmt.Sprintf("%s: instructions, %s: the windows differ by %.2f%% (%s)",
 			v.name, what, 100*f.Agreement, kilo(f.Windows...)))
 	}
-	r.logf("instructions %-12s %-19s %8.1fk per op (windows %s), %.1fk in scripts, %.2f round trips",
+	r.logf("instructions %-12s %-24s %8.1fk per op (windows %s), %.1fk in scripts, %.2f round trips",
 		what, v.name, f.Instructions/1000, kilo(f.Windows...), f.InScripts/1000, f.Bursts)
 	return f
 }

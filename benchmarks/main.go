@@ -16,8 +16,11 @@
 //	nested       a nested Lock+Unlock of a held lock (remutex only)
 //	contended    4 clients × 2 goroutines on one lock, 1 ms critical section
 //	held         10,000 locks held by one client for three lease periods
-//	rw           DistRWMutex (remutex only): RLock+RUnlock beside Lock+Unlock,
-//	             and a read-heavy load on DistRWMutex and on DistMutex
+//	rw           remutex's primitives (remutex only): DistRWMutex's RLock+RUnlock and
+//	             Lock+Unlock, DistSemaphore's Acquire(1)+Release(1), beside DistMutex's
+//	             Lock+Unlock; and a read-heavy load on DistRWMutex and on DistMutex
+//	semaphore    a DistSemaphore of 4 permits, 4 clients × 4 goroutines, hold 1 ms
+//	             (remutex only): acquisitions/s, waits, the most holders at once
 //	hooks        remutex's cycle with and without the OpenTelemetry adapter
 //	scale        1, 4, 64, 1024 locks in use at once, each cycled by a goroutine of its own
 //	instructions (-instructions, not run by default) redis-server's instructions per
@@ -89,7 +92,7 @@ func parseFlags() flags {
 	flag.StringVar(&f.libs, "libs", "", "comma-separated variant names to run (default: all)")
 	flag.IntVar(&f.held, "held", 0, "locks in the held scenario (default 10000, 1000 with -short)")
 	flag.Float64Var(&f.awaitLoad, "await-load", 0, "before measuring, wait up to 10 minutes for the 1-minute load average to drop below this (0: don't wait)")
-	flag.StringVar(&f.scenarios, "scenarios", "uncontended,nested,contended,held,rw,hooks,scale", "scenarios to run (instructions: see -instructions)")
+	flag.StringVar(&f.scenarios, "scenarios", "uncontended,nested,contended,held,rw,semaphore,hooks,scale", "scenarios to run (instructions: see -instructions)")
 	flag.StringVar(&f.cpuprofile, "cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.DurationVar(&f.timeout, "timeout", 0, "give up after this long, printing every goroutine's stack (default 10m, 3m with -short)")
 	flag.Parse()

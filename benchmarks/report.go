@@ -40,6 +40,7 @@ func markdown(r *results) string {
 	w.nested(r)
 	w.rw(r)
 	w.hooks(r)
+	w.semaphore(r)
 	w.configurations(r)
 	return w.String()
 }

@@ -20,6 +20,7 @@ type results struct {
 	Contended    map[string]*contendedResult
 	Held         map[string]*heldResult
 	RW           *rwResult
+	Semaphore    *semResult                         // the contended semaphore
 	Hooks        map[string]*cycleResult            // the uncontended cycle with and without the OpenTelemetry adapter
 	Scale        map[string]map[string]*scaleResult // by locks in use, then variant
 	Instructions *instrResults                      // counted under callgrind (-instructions)
@@ -112,6 +113,7 @@ func (r *results) runLoads(vs []variant, srv *server, want map[string]bool) {
 		{"contended", func() { r.runContended(vs, srv) }},
 		{"held", func() { r.runHeld(vs, srv) }},
 		{"rw", func() { r.runRW(srv) }},
+		{"semaphore", func() { r.runSemaphore(srv) }},
 		{"hooks", func() { r.runHooks(srv) }},
 		{"scale", func() { r.runScale(vs, srv) }},
 	} {

@@ -15,7 +15,8 @@ import (
 )
 
 // The read/write lock (remutex only: no peer has one). Uncontended, an
-// RLock+RUnlock cycle of DistRWMutex beside DistMutex's Lock+Unlock. Then a
+// RLock+RUnlock cycle of DistRWMutex beside DistMutex's Lock+Unlock (and
+// the cycles of remutex's other primitives: rwVariants). Then a
 // read-heavy load, rwClients × rwPerClient goroutines each taking the lock
 // for rwHold, one in rwWriteEvery operations a write: once on DistRWMutex
 // (reads RLock), once on DistMutex (everything Locks), same load.
@@ -27,7 +28,7 @@ const (
 )
 
 type rwResult struct {
-	Cycle map[string]*cycleResult // "DistMutex", "DistRWMutex RLock", "DistRWMutex Lock"
+	Cycle map[string]*cycleResult // by rwVariants' names: "DistMutex", "DistRWMutex RLock", ...
 	Load  map[string]*rwLoad      // "DistMutex", "DistRWMutex"
 }
 
@@ -47,12 +48,13 @@ type rwLoad struct {
 	Errors       int64
 }
 
-// rwVariants are the uncontended cycles compared.
+// rwVariants are the uncontended cycles compared: remutex's primitives.
 func rwVariants() []variant {
 	return []variant{
 		remutexKind("DistMutex", func(c *remutex.Client, n string) mutex { return &remutexMutex{m: c.NewMutex(n)} }),
 		remutexKind("DistRWMutex RLock", func(c *remutex.Client, n string) mutex { return rwReader{c.NewRWMutex(n)} }),
 		remutexKind("DistRWMutex Lock", func(c *remutex.Client, n string) mutex { return rwWriter{c.NewRWMutex(n)} }),
+		remutexKind(semKind, func(c *remutex.Client, n string) mutex { return semPermit{c.NewSemaphore(n, semSize)} }),
 	}
 }
 
@@ -114,7 +116,7 @@ func (r *results) runRW(srv *server) {
 	for _, v := range vs {
 		c := res.Cycle[v.name]
 		c.finish()
-		r.logf("rw uncontended %-18s %8.1fµs/cycle %5.1f allocs %5.1fµs Redis CPU", v.name, us(c.Cycle), c.Allocs, us(c.CPU))
+		r.logf("rw uncontended %-24s %8.1fµs/cycle %4.2f round trips %5.1f allocs %5.1fµs Redis CPU", v.name, us(c.Cycle), c.Bursts, c.Allocs, us(c.CPU))
 	}
 	for _, rw := range []bool{false, true} {
 		name := map[bool]string{false: "DistMutex", true: "DistRWMutex"}[rw]
@@ -300,12 +302,14 @@ func (w *page) rw(r *results) {
 	if r.RW == nil {
 		return
 	}
-	w.p("## (e) DistRWMutex (remutex)\n\n")
-	w.p("Uncontended cycles on one client, in rounds alternating with DistMutex's, each beginning with the next variant:\n\n")
-	w.p("| cycle | µs | p99 µs | allocs | commands executed | Redis CPU µs |\n|---|---:|---:|---:|---:|---:|\n")
+	w.p("## (e) remutex's primitives; DistRWMutex under a read-heavy load (remutex)\n\n")
+	w.p("Uncontended cycles of each primitive on one client, in rounds alternating with DistMutex's, each beginning with the next variant: "+
+		"DistRWMutex's RLock+RUnlock and Lock+Unlock, DistSemaphore's Acquire(1)+Release(1) on a semaphore of %d permits. "+
+		"Round trips are write bursts on the client's sockets; commands are sent, *executed* counts those run inside scripts.\n\n", semSize)
+	w.p("| cycle | µs | p99 µs | round trips | commands | executed | allocs | Redis CPU µs |\n|---|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, v := range rwVariants() {
 		if c := r.RW.Cycle[v.name]; c != nil {
-			w.p("| %s | %.1f | %.1f | %.1f | %.1f | %.1f |\n", v.name, us(c.Cycle), us(c.P99), c.Allocs, c.Executed, us(c.CPU))
+			w.p("| %s | %.1f | %.1f | %.2f | %.2f | %.1f | %.1f | %.1f |\n", v.name, us(c.Cycle), us(c.P99), c.Bursts, c.Commands, c.Executed, c.Allocs, us(c.CPU))
 		}
 	}
 	w.p("\nRead-heavy load: %d clients × %d goroutines on one lock, each operation held %v (time.Sleep), one in %d (at random) "+
@@ -327,7 +331,7 @@ func rwPanels(r *results) []panel {
 	if r.RW == nil {
 		return nil
 	}
-	cyc := panel{title: "DistRWMutex: uncontended cycle (lower is better)", unit: "µs"}
+	cyc := panel{title: "remutex's primitives: uncontended cycle (lower is better)", unit: "µs"}
 	for _, v := range rwVariants() {
 		if c := r.RW.Cycle[v.name]; c != nil && c.Cycle > 0 {
 			cyc.bars = append(cyc.bars, bar{v.name, us(c.Cycle), v.name != "DistMutex"})

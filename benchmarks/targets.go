@@ -66,6 +66,7 @@ func (r *results) targets() []target {
 		ts = append(ts, t)
 	}
 	ts = append(ts, r.rwTargets()...)
+	ts = append(ts, r.semTargets()...)
 	return append(ts, r.scaleTargets()...)
 }
 
