@@ -120,6 +120,51 @@ func TestLeastPrivilegeACL(t *testing.T) {
 	}
 }
 
+// TestLeastPrivilegeACLSemaphore runs a DistSemaphore as a user with the
+// documented ACL: uncontended acquisitions (the size key is written),
+// fencing, TryAcquire, a contended wait with its queue entry and the
+// hand-off message, releases, and Do.
+func TestLeastPrivilegeACLSemaphore(t *testing.T) {
+	srv, rdb := aclServer(t, lockUserACL...)
+	ctx := testCtx(t, hangGuard)
+	a, errs := clientWithErrors(t, rdb)
+	b, berrs := clientWithErrors(t, newRDB(t, &redis.Options{Addr: srv.Addr(), Username: "locker", Password: "pw"}))
+	name := lockName(t)
+	sa, sb := a.NewSemaphore(name, 2, WithFencing()), b.NewSemaphore(name, 2, WithFencing())
+	if err := sa.Acquire(ctx, 1); err != nil {
+		t.Fatalf("Acquire(1): %v", err)
+	}
+	if err := sa.Acquire(ctx, 1); err != nil {
+		t.Fatalf("Acquire(1) beside a holder: %v", err)
+	}
+	fa := sa.Fence()
+	if sb.TryAcquire(1) {
+		t.Errorf("TryAcquire(1) with both permits held: got true")
+	}
+	w := acquireAsync(t, ctx, sb, 2)
+	semQueued(t, rdbAt(t, srv.Addr()), name, 1)
+	sa.Release(2)
+	w.acquired(t, "the waiter as the lock user")
+	if fb := sb.Fence(); fb <= fa {
+		t.Errorf("the waiter's fence: got %d, want above %d", fb, fa)
+	}
+	if err := sb.ReleaseContext(ctx, 2); err != nil {
+		t.Errorf("ReleaseContext(2): %v", err)
+	}
+	err := sa.Do(ctx, 2, func(ctx context.Context, fence int64) error {
+		if fence <= fa {
+			t.Errorf("Do's fence: got %d, want above %d", fence, fa)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Errorf("Do(2): %v", err)
+	}
+	if all := append(errs.all(), berrs.all()...); len(all) > 0 {
+		t.Errorf("the lock user's Clients reported %v", all)
+	}
+}
+
 // TestCheckNamesWhatIsMissing: Check, run as users that lack one thing of
 // the documented ACL, names the command, key or channel they may not use.
 func TestCheckNamesWhatIsMissing(t *testing.T) {

@@ -72,7 +72,11 @@ type WrongTypeError struct {
 func (e *WrongTypeError) Error() string {
 	switch e.Type {
 	case nonInteger:
-		return fmt.Sprintf("remutex: key %q holds a non-integer string, not a remutex fence counter or semaphore size", e.Key)
+		what := "fence counter"
+		if strings.HasSuffix(e.Key, ":sem:size") {
+			what = "semaphore size"
+		}
+		return fmt.Sprintf("remutex: key %q holds a non-integer string, not a remutex %s", e.Key, what)
 	case foreignField:
 		return fmt.Sprintf("remutex: key %q holds a field that is not a remutex semaphore holding", e.Key)
 	}

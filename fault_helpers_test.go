@@ -99,6 +99,8 @@ func runChild(role string) int {
 		return faultSoakRole(cfg)
 	case "rw":
 		return rwRole(cfg)
+	case "sem":
+		return semRole(cfg)
 	}
 	redistest.Emit("fatal", "unknown-role", role)
 	return 2

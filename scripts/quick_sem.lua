@@ -13,10 +13,7 @@
 -- nothing (a fence token may be spent).
 if redis.call('exists', KEYS[1], KEYS[2]) ~= 0 then return -1 end
 local s = redis.pcall('get', KEYS[3])
-if s ~= ARGV[3] then
-  if s then return -1 end -- sem_acquire.lua names the error
-  redis.call('set', KEYS[3], ARGV[3])
-end
+if s and s ~= ARGV[3] then return -1 end -- sem_acquire.lua names the error
 local f = 0
 local fence_key = KEYS[4]
 if fence_key then
@@ -24,6 +21,7 @@ if fence_key then
   if type(f) ~= 'number' then return -1 end -- sem_acquire.lua names the error
 --#include seed.lua
 end
+if not s then redis.call('set', KEYS[3], ARGV[3]) end
 redis.call('hset', KEYS[1], ARGV[1], ARGV[4] or '1')
 redis.call('pexpire', KEYS[1], ARGV[2])
 return f

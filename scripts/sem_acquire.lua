@@ -40,8 +40,12 @@ if bad then return bad end
 if stored and stored ~= tonumber(size) then
   return redis.error_reply('SIZE remutex ' .. stored .. ' ' .. KEYS[4])
 end
-if not stored then redis.call('set', KEYS[4], size) end
 size = tonumber(size)
+-- The size is written (first use, or after a resize) with the first
+-- holding or queue entry, never beside foreign data.
+local function keep_size()
+  if not stored then redis.call('set', KEYS[4], digits(size)) end
+end
 
 if fencing ~= '0' then
 --#include counter.lua
@@ -57,6 +61,7 @@ end
 local cur = redis.pcall('hget', H, owner)
 if type(cur) == 'table' then return type_error(H, 'hash') or cur end
 if cur then
+  keep_size()
   add_holder(owner, want, lease)
   return latest()
 end
@@ -79,12 +84,14 @@ end
 if (not head or head == entry) and total + tonumber(want) <= size then
   local f = 0
   if fencing ~= '0' then f = next_fence() end
+  keep_size()
   add_holder(owner, want, lease)
   if entry then redis.call('lrem', queue, 1, entry) end
   return f
 end
 local wait = soonest or 0
 if not entry then return -4 * wait - 1 end
+keep_size()
 if not there then redis.call('rpush', queue, entry) end
 redis.call('pexpire', queue, queue_keep)
 return -4 * wait - 2
