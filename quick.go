@@ -34,13 +34,13 @@ import (
 type quick struct {
 	lock, wake           *luaScript
 	lockKeys, fencedKeys []interface{}
-	// A semaphore's Acquire(1) once its size was found right: quick_lock.lua
-	// on the holders and the queue (see quick_sem.lua).
-	oneKeys, oneFencedKeys []interface{}
-	del                    string        // "hdel", or "zrem" for a reader
-	delKey                 interface{}   // the key of the holds
-	look                   []interface{} // EXISTS of the queue (read only: shared by the calls)
-	until                  *atomic.Int64 // unix ns: contended until then (Client.contended)
+	// A semaphore's unfenced Acquire(1) once its size was found right:
+	// quick_lock.lua on the holders and the queue (see quick_sem.lua).
+	oneKeys []interface{}
+	del     string        // "hdel", or "zrem" for a reader
+	delKey  interface{}   // the key of the holds
+	look    []interface{} // EXISTS of the queue (read only: shared by the calls)
+	until   *atomic.Int64 // unix ns: contended until then (Client.contended)
 }
 
 // contendedFor is how long a lock seen contended is sent the full scripts.
@@ -65,7 +65,7 @@ func (c *Client) newQuick(kind lockKind, keys []string) *quick {
 		q.lockKeys = []interface{}{hash, queue, readers}
 		q.del, q.delKey = "zrem", readers
 	case kindSemaphore:
-		q.oneKeys, q.oneFencedKeys = q.lockKeys, []interface{}{hash, queue, fence}
+		q.oneKeys = q.lockKeys
 		q.lock, q.wake = quickSem, semWake
 		q.lockKeys = []interface{}{hash, queue, keys[3]}
 	}
@@ -95,12 +95,9 @@ func (n *node) quickLock(ctx context.Context, s *lockSpec, r acquireReq) (grante
 	switch {
 	case s.size == nil:
 		v, err = n.evalOn(ctx, keys, q.lock, r.owner, r.lease)
-	case r.want == 1 && s.sized.Load():
-		keys = q.oneKeys
-		if r.fence != fenceOff {
-			keys = q.oneFencedKeys
-		}
-		v, err = n.evalOn(ctx, keys, quickLock, r.owner, r.lease)
+	case r.want == 1 && r.fence == fenceOff && s.sized.Load():
+		// (A fenced holding keeps its token in its value: quick_sem.lua.)
+		v, err = n.evalOn(ctx, q.oneKeys, quickLock, r.owner, r.lease)
 	case r.want == 1:
 		v, err = n.evalOn(ctx, keys, q.lock, r.owner, r.lease, s.size)
 	default:

@@ -196,8 +196,11 @@ func (s *DistSemaphore) acquire(ctx context.Context, n int64, try bool) (*hold, 
 // what is left to give back; Redis hands them to the queue's head at once.
 // Permits that were lost are given back first, without a call (their loss
 // is reported to the error handler). Errors of the release are reported to
-// the error handler too; the lease ends a holding that a release could not
-// reach. It panics if n is negative or more than the value holds, counting
+// the error handler too: a release of a holding's last permits that could
+// not reach Redis is sent again in the background (the lease ends the
+// holding at the latest); one that lowers a holding leaves Redis counting
+// the permits it gave back until the holding's next release or its end
+// (counts are absolute: the next one sets it right). It panics if n is negative or more than the value holds, counting
 // lost permits not released yet (x/sync panics likewise).
 func (s *DistSemaphore) Release(n int64) {
 	if err := s.release(context.Background(), n, true); err != nil {
@@ -208,7 +211,8 @@ func (s *DistSemaphore) Release(n int64) {
 // ReleaseContext is Release with a context and an error: nil when every
 // permit was held and given back; an error matching ErrLockLost when some
 // had been lost; ErrNotHeld when n is more than the value holds (nothing is
-// released then); the release's error otherwise.
+// released then, unless another release of the value runs at the same
+// time); the release's error otherwise.
 func (s *DistSemaphore) ReleaseContext(ctx context.Context, n int64) error {
 	return s.release(ctx, n, false)
 }

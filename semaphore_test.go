@@ -99,7 +99,8 @@ func semStateOf(t testing.TB, rdb *redis.Client, name string) semState {
 	require.NoError(t, err)
 	var st semState
 	for owner, v := range all {
-		n, _, _ := strings.Cut(v, ":") // '<permits>:<deadline>', or a lone holder's '<permits>'
+		// '<permits>[:<deadline>][,<fence>]' (see sem.lua)
+		n := strings.FieldsFunc(v, func(r rune) bool { return r == ':' || r == ',' })[0]
 		p, err := strconv.ParseInt(n, 10, 64)
 		if err != nil {
 			t.Fatalf("holder %s of %s: value %q is no holding", owner, k.holders, v)

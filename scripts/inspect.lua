@@ -65,7 +65,7 @@ end
 local function holdings(key)
   local live, all = {}, redis.call('hgetall', key)
   for i = 1, #all, 2 do
-    local n, d = string.match(all[i + 1], '^(%d+):?(%d*)$')
+    local n, d = string.match(all[i + 1], '^(%d+):?(%d*),?%d*$')
     if not n then return nil, redis.error_reply('WRONGTYPE remutex foreign-field ' .. key) end
     d = tonumber(d) or 0
     local left

@@ -3,7 +3,7 @@
 -- size is to be checked: the value's first acquisition, and any of more
 -- than one permit. (One permit taken while nobody holds or waits fits any
 -- size: the value sends quick_lock.lua for it once its size was found
--- right, which writes the same holding, '1'.)
+-- right, which writes the same holding, '1', unless it is fenced.)
 --
 -- KEYS = holders H, queue, size S (see sem.lua), and the fence counter
 -- WithFencing. ARGV = owner, lease ms, size, and the permits unless 1.
@@ -22,6 +22,8 @@ if fence_key then
 --#include seed.lua
 end
 if not s then redis.call('set', KEYS[3], ARGV[3]) end
-redis.call('hset', KEYS[1], ARGV[1], ARGV[4] or '1')
+local v = ARGV[4] or '1'
+if f ~= 0 then v = v .. ',' .. string.format('%d', f) end -- (see sem.lua)
+redis.call('hset', KEYS[1], ARGV[1], v)
 redis.call('pexpire', KEYS[1], ARGV[2])
 return f

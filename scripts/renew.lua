@@ -4,7 +4,8 @@
 -- readers zset (see rw.lua) where the owner is a member whose deadline has
 -- not passed (a lone reader's deadline 0, R's expiry, gets its value); a
 -- lease of 'p<ms>' does the same for a semaphore's holder (see sem.lua),
--- whose deadline is in its field's value. Returns one result per key: 1
+-- whose deadline is in its field's value (after its permits, before its
+-- fencing token). Returns one result per key: 1
 -- renewed, 0 not ours (the hold is lost).
 local res, ms = {}, nil
 local function now()
@@ -33,14 +34,14 @@ for i = 1, #KEYS do
     end
   elseif kind == 112 then -- 'p'
     local v = redis.pcall('hget', KEYS[i], owner)
-    local n, d
-    if type(v) == 'string' then n, d = string.match(v, '^(%d+):?(%d*)$') end
+    local n, d, f
+    if type(v) == 'string' then n, d, f = string.match(v, '^(%d+):?(%d*)(,?%d*)$') end
     local l = tonumber(string.sub(lease, 2))
     if d == '' or d == '0' then -- a lone holder: its deadline is the key's expiry
       keep(KEYS[i], l, lease)
       res[i] = 1
     elseif d and tonumber(d) > now() then
-      redis.call('hset', KEYS[i], owner, n .. ':' .. string.format('%d', now() + l))
+      redis.call('hset', KEYS[i], owner, n .. ':' .. string.format('%d', now() + l) .. f)
       keep(KEYS[i], l, lease)
       res[i] = 1
     end

@@ -8,7 +8,9 @@
 -- holder's, written by quick_sem.lua (or quick_lock.lua, for one permit)
 -- or sem_acquire.lua's free path without asking the clock; it is given its
 -- deadline before another holder is written beside it, so that only H's
--- only field has none. S is the size, kept without expiry (like the
+-- only field has none. With fencing the acquisition's token follows:
+-- '<permits>[:<deadline>],<fence>' (renew.lua and sem_release.lua keep it),
+-- so that a call that finds its holding already there answers its own. S is the size, kept without expiry (like the
 -- fence counter). Queue entries (see queue.lua) carry the permits asked
 -- for after the arrival: <claim>:<flag>:<wait id>.<arrival>.<permits>:<owner>,
 -- the flag 's', or 'S' with fencing.
@@ -36,11 +38,18 @@ local function stored_size()
   return tonumber(v)
 end
 
--- The permits and deadline of a holder's value (0: none, H's expiry), or
--- nil.
+-- The permits, deadline (0: none, H's expiry) and fence suffix ('' or
+-- ',<fence>') of a holder's value; nil if it is no holding.
 local function holding(v)
-  local n, d = string.match(v, '^(%d+):?(%d*)$')
-  return tonumber(n), tonumber(d) or 0
+  local n, d, f = string.match(v, '^(%d+):?(%d*)(,?%d*)$')
+  return tonumber(n), tonumber(d) or 0, f
+end
+
+-- The fencing token of owner's holding (0 without fencing or holding).
+local function token_of(owner)
+  local v = redis.call('hget', H, owner)
+  local f = v and string.match(v, ',(%d+)$')
+  return tonumber(f) or 0
 end
 
 -- Drops the holders whose deadline passed, and gives a lone holder's
@@ -49,12 +58,12 @@ end
 -- deadline 0), or nil and an error reply for a field that is no holding.
 local function held(anchor)
   local all = redis.call('hgetall', H)
-  local total, soonest, lone = 0, nil, nil
+  local total, soonest, lone, suffix = 0, nil, nil, nil
   for i = 1, #all, 2 do
-    local n, d = holding(all[i + 1])
+    local n, d, f = holding(all[i + 1])
     if not n then return nil, nil, redis.error_reply('WRONGTYPE remutex foreign-field ' .. H) end
     if d == 0 then
-      lone = i
+      lone, suffix = i, f
       total = total + n
     elseif d <= now then
       redis.call('hdel', H, all[i])
@@ -66,16 +75,19 @@ local function held(anchor)
   if lone then
     local left = math.max(redis.call('pttl', H), 0)
     soonest = math.min(soonest or left, left)
-    if anchor then redis.call('hset', H, all[lone], all[lone + 1]:match('^%d+') .. ':' .. digits(now + left)) end
+    if anchor then redis.call('hset', H, all[lone], all[lone + 1]:match('^%d+') .. ':' .. digits(now + left) .. suffix) end
   end
   return total, soonest
 end
 
--- Adds owner's holding of n permits until now + d ms; H lives as long as
--- its latest deadline. Call held(true) first when H may have holders.
-local function add_holder(owner, n, d)
+-- Adds owner's holding of n permits until now + d ms, with fencing token
+-- f (0: none); H lives as long as its latest deadline. Call held(true)
+-- first when H may have holders.
+local function add_holder(owner, n, d, f)
   d = tonumber(d)
-  redis.call('hset', H, owner, n .. ':' .. digits(now + d))
+  local v = n .. ':' .. digits(now + d)
+  if f ~= 0 then v = v .. ',' .. digits(f) end
+  redis.call('hset', H, owner, v)
   if redis.call('pttl', H) < d then redis.call('pexpire', H, digits(d)) end
 end
 
@@ -96,7 +108,7 @@ local function grant_sem(total, size)
     if claim then
       local f = 0
       if flag == 'S' then f = next_fence() end
-      add_holder(owner, n, claim)
+      add_holder(owner, n, claim, f)
       if tell(H, cid, 'g ' .. digits(f) .. ' ' .. head) then
         total, served = total + n, served + 1
       else

@@ -25,6 +25,7 @@ if redis.call('exists', H, queue) == 0 then
   end
   if type(f) == 'number' and (s == size or not s) then
     if not s then redis.call('set', KEYS[4], size) end
+    if f ~= 0 then want = want .. ',' .. string.format('%d', f) end
     redis.call('hset', H, owner, want)
     redis.call('pexpire', H, lease)
     return f
@@ -51,19 +52,15 @@ if fencing ~= '0' then
 --#include counter.lua
 end
 
--- The latest token, for a caller that already holds (a resend, or a grant
--- it has not heard of yet; the grant's message carries its own token).
-local function latest()
-  if fencing == '0' then return 0 end
-  return tonumber(redis.call('get', KEYS[2]) or '0')
-end
-
+-- A caller that already holds (a resend, or a grant it has not heard of
+-- yet) is answered with its holding's own token, its lease renewed.
 local cur = redis.pcall('hget', H, owner)
 if type(cur) == 'table' then return type_error(H, 'hash') or cur end
 if cur then
+  local f = token_of(owner)
   keep_size()
-  add_holder(owner, want, lease)
-  return latest()
+  add_holder(owner, want, lease, f)
+  return f
 end
 
 --#include place.lua
@@ -77,7 +74,7 @@ if head and head ~= entry and grant_sem(total, size) > 0 then
   -- Heads that fit were served (a holder's lease ran out, or the release
   -- that freed the permits has not passed them on yet): the caller may be
   -- among them, or at the head now.
-  if redis.call('hexists', H, owner) == 1 then return latest() end
+  if redis.call('hexists', H, owner) == 1 then return token_of(owner) end
   total, soonest = held(false)
   head = redis.call('lindex', queue, 0)
 end
@@ -85,7 +82,7 @@ if (not head or head == entry) and total + tonumber(want) <= size then
   local f = 0
   if fencing ~= '0' then f = next_fence() end
   keep_size()
-  add_holder(owner, want, lease)
+  add_holder(owner, want, lease, f)
   if entry then redis.call('lrem', queue, 1, entry) end
   return f
 end
