@@ -83,10 +83,10 @@ func (e *SizeError) Error() string {
 
 // NewSemaphore returns the semaphore called name, of size permits. It
 // accepts the options of a mutex that apply: WithLease, WithoutRenewal and
-// WithFencing (NonReentrant is what a semaphore always is; WithMinHold is a
-// mutex's). It sends no command. It panics if name is invalid (see
-// CheckName), if size is not positive, if an option is invalid, or if c is
-// a quorum Client.
+// WithFencing (NonReentrant is what a semaphore always is). It sends no
+// command. It panics if name is invalid (see CheckName), if size is not
+// positive or above 2³¹-1, if an option is invalid or WithMinHold (a
+// mutex's), or if c is a quorum Client.
 func (c *Client) NewSemaphore(name string, size int64, opts ...MutexOption) *DistSemaphore {
 	cfg := c.configure("NewSemaphore", name, opts)
 	if size <= 0 || size > maxPermits {
