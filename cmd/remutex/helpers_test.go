@@ -268,3 +268,18 @@ func fileHas(t testing.TB, path, s string) bool {
 	t.Helper()
 	return strings.Contains(readFile(t, path), s)
 }
+
+// wantRunUsage runs "remutex run ARGS job -- true" (against an address it
+// never reaches) and wants the usage exit status with one line of stderr
+// that mentions want.
+func wantRunUsage(t *testing.T, args []string, want string) {
+	t.Helper()
+	var stdout, stderr strings.Builder
+	c := &cli{stdin: strings.NewReader(""), stdout: &stdout, stderr: &stderr,
+		getenv: func(k string) string { return map[string]string{"REDIS_ADDR": "127.0.0.1:1"}[k] }}
+	args = append(append([]string{"run"}, args...), "job", "--", "true")
+	code := c.main(args)
+	if code != exitUsage || !strings.Contains(stderr.String(), want) || strings.Count(stderr.String(), "\n") != 1 {
+		t.Errorf("remutex %q: exit status %d, want %d with one line mentioning %q; stderr:\n%s", args, code, exitUsage, want, stderr.String())
+	}
+}

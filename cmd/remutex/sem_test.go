@@ -274,14 +274,7 @@ func TestRunPermitsUsageErrors(t *testing.T) {
 		{[]string{"--permits", "2", "--min-hold", "1s"}, "run: --min-hold is for a mutex, not with --permits"},
 		{[]string{"--permits", "2", "--lease", "30s", "--max-hold", "1m"}, "run: --lease and --max-hold exclude each other"},
 	} {
-		var stdout, stderr strings.Builder
-		c := &cli{stdin: strings.NewReader(""), stdout: &stdout, stderr: &stderr,
-			getenv: func(k string) string { return map[string]string{"REDIS_ADDR": "127.0.0.1:1"}[k] }}
-		args := append(append([]string{"run"}, tt.args...), "job", "--", "true")
-		code := c.main(args)
-		if code != exitUsage || !strings.Contains(stderr.String(), tt.stderr) || strings.Count(stderr.String(), "\n") != 1 {
-			t.Errorf("remutex %q: exit status %d, want %d with one line mentioning %q; stderr:\n%s", args, code, exitUsage, tt.stderr, stderr.String())
-		}
+		wantRunUsage(t, tt.args, tt.stderr)
 	}
 
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never used: NewSemaphore sends nothing
