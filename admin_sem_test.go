@@ -282,17 +282,7 @@ func TestAdminSemaphoreErrors(t *testing.T) {
 			name := lockName(t) + "." + tc.what
 			key := tc.key(semKeysOf(name))
 			require.NoError(t, tc.plant(key))
-			dump := rdb.Dump(ctx, key).Val()
-			_, err := c.Inspect(ctx, name)
-			var wt *WrongTypeError
-			if assert.ErrorAs(t, err, &wt, "Inspect, %s", tc.what) {
-				assert.Equal(t, key, wt.Key, "%s: WrongTypeError.Key", tc.what)
-				assert.Equal(t, tc.typ, wt.Type, "%s: WrongTypeError.Type", tc.what)
-				assert.Contains(t, err.Error(), name, "%s: the error names the lock", tc.what)
-			}
-			_, err = c.ForceUnlock(ctx, name)
-			assert.ErrorAs(t, err, &wt, "ForceUnlock, %s", tc.what)
-			assert.Equal(t, dump, rdb.Dump(ctx, key).Val(), "%s: the data at %s", tc.what, key)
+			wantAdminWrongType(t, c, rdb, name, key, tc.typ, tc.what)
 		}
 	})
 }

@@ -232,17 +232,7 @@ func TestAdminErrors(t *testing.T) {
 			k := keysOf(name)
 			key := tc.key(k)
 			require.NoError(t, tc.plant(key))
-			dump := rdb.Dump(ctx, key).Val()
-			_, err := c.Inspect(ctx, name)
-			var wt *WrongTypeError
-			if assert.ErrorAs(t, err, &wt, "Inspect, %s", tc.what) {
-				assert.Equal(t, key, wt.Key, "%s: WrongTypeError.Key", tc.what)
-				assert.Equal(t, tc.typ, wt.Type, "%s: WrongTypeError.Type", tc.what)
-				assert.Contains(t, err.Error(), name, "%s: the error names the lock", tc.what)
-			}
-			_, err = c.ForceUnlock(ctx, name)
-			assert.ErrorAs(t, err, &wt, "ForceUnlock, %s", tc.what)
-			assert.Equal(t, dump, rdb.Dump(ctx, key).Val(), "%s: the data at %s", tc.what, key)
+			wantAdminWrongType(t, c, rdb, name, key, tc.typ, tc.what)
 		}
 
 		closed := b.client(t)
@@ -680,4 +670,23 @@ func TestAdminMixedKinds(t *testing.T) {
 		assert.Equal(t, LockInfo{Name: name, Key: mk.hash, Holders: []Holder{}, Waiters: []Waiter{}}, info, "nothing under the name")
 		assert.Zero(t, rdb.Exists(ctx, mk.hash, k.w, k.readers).Val(), "keys left")
 	})
+}
+
+// wantAdminWrongType: Inspect and ForceUnlock of name, whose key holds
+// foreign data of type typ, return a *WrongTypeError naming key, typ and
+// the lock, and leave the data as it was.
+func wantAdminWrongType(t *testing.T, c *Client, rdb *redis.Client, name, key, typ, what string) {
+	t.Helper()
+	ctx := context.Background()
+	dump := rdb.Dump(ctx, key).Val()
+	_, err := c.Inspect(ctx, name)
+	var wt *WrongTypeError
+	if assert.ErrorAs(t, err, &wt, "Inspect, %s", what) {
+		assert.Equal(t, key, wt.Key, "%s: WrongTypeError.Key", what)
+		assert.Equal(t, typ, wt.Type, "%s: WrongTypeError.Type", what)
+		assert.Contains(t, err.Error(), name, "%s: the error names the lock", what)
+	}
+	_, err = c.ForceUnlock(ctx, name)
+	assert.ErrorAs(t, err, &wt, "ForceUnlock, %s", what)
+	assert.Equal(t, dump, rdb.Dump(ctx, key).Val(), "%s: the data at %s", what, key)
 }
