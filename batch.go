@@ -89,7 +89,8 @@ var errPosted = errors.New("remutex: call posted")
 // cut off by its caller's context may have done: each is queued behind that
 // call before the caller goes on, and sent by the drainer while the caller
 // is long gone, within d (a call still queued then is dropped: what it
-// would have undone ends by its lease). Node calls made with it return
+// would have undone ends by its lease; one that got no answer is sent
+// again meanwhile, see drain). Node calls made with it return
 // errPosted at once. It has no cancellation: nobody is left to cancel it.
 func postCtx(parent context.Context, d time.Duration) context.Context {
 	return context.WithValue(context.WithoutCancel(parent), postedKey{}, time.Now().Add(d))
@@ -223,25 +224,79 @@ func (p *pending) release() {
 
 // drain runs the queued calls and jobs, one round at a time, until nothing
 // is queued.
+//
+// A posted call that fails for want of an answer (a connection cut, a
+// timeout: go-redis's own retries, which MaxRetries may have turned off,
+// are spent) is sent again, first in the next round, after a backoff of
+// 10 ms to postRetryLimit, until it succeeds or its time (see postCtx) is
+// up. What was queued meanwhile waits for it: a posted call undoes what a
+// call of the same owner token may have done, and must reach Redis before
+// that owner's next call does, as when it succeeds at once. After Close it
+// is not sent again: the lease ends what it would have undone.
 func (b *batcher) drain() {
 	defer b.wg.Done()
-	var ps []*pending
+	var ps, again []*pending
 	var calls []*call
+	var bo backoff
 	for {
-		ps, calls = b.take(ps[:0], calls[:0])
+		if again = b.retries(again, &bo); len(again) == 0 {
+			bo = backoff{}
+		}
+		ps, calls = b.take(ps[:0], calls[:0], again)
 		if ps == nil {
 			return
 		}
 		b.round(ps, calls)
+		again = again[:0]
 		for _, p := range ps {
-			if p.posted {
+			switch {
+			case !p.posted:
+				p.done <- struct{}{}
+			case p.job == nil && p.failed() && time.Now().Before(p.until):
+				again = append(again, p)
+			default:
 				p.release() // nobody waits for it
-				continue
 			}
-			p.done <- struct{}{}
 		}
 		clear(ps)
 	}
+}
+
+// postRetryLimit is the longest wait between two sends of a posted call.
+const postRetryLimit = 250 * time.Millisecond
+
+// retries waits, after a round whose posted calls again failed, before
+// they are sent again; it returns those still to send (none after Close).
+func (b *batcher) retries(again []*pending, bo *backoff) []*pending {
+	if len(again) == 0 {
+		return again
+	}
+	if bo.first == 0 {
+		bo.first, bo.limit = 10*time.Millisecond, postRetryLimit
+	}
+	t := time.NewTimer(bo.next())
+	defer t.Stop()
+	closing := false
+	select {
+	case <-t.C:
+	case <-b.n.subscriber.c.closing:
+		closing = true
+	}
+	keep, now := again[:0], time.Now()
+	for _, p := range again {
+		if closing || !now.Before(p.until) {
+			p.release()
+			continue
+		}
+		keep = append(keep, p)
+	}
+	clear(again[len(keep):])
+	return keep
+}
+
+// failed reports whether p's call (or pair) got no answer.
+func (p *pending) failed() bool {
+	return transient(p.cl.cmd.Err()) || p.pair && transient(p.cl2.cmd.Err())
 }
 
 // round sends a round's calls as one pipeline, then runs its jobs.
@@ -314,18 +369,21 @@ func (b *batcher) lookTogether(ctx context.Context, calls, looks []*call) {
 	}
 }
 
-// take moves the queued calls that still have a caller (or are posted, and
-// not too late) into ps and calls; it returns nil ps, and ends the drainer,
-// when the queue is empty.
-func (b *batcher) take(ps []*pending, calls []*call) ([]*pending, []*call) {
+// take moves the posted calls to send again, then the queued calls that
+// still have a caller (or are posted, and not too late), into ps and calls;
+// it returns nil ps, and ends the drainer, when there is nothing to send.
+func (b *batcher) take(ps []*pending, calls []*call, again []*pending) ([]*pending, []*call) {
 	if cap(ps) > 0 {
 		// The callers just answered are likely to call again at once (a
 		// Lock's Unlock follows it): let them, and send their calls together.
 		runtime.Gosched()
 	}
+	for _, p := range again {
+		ps, calls = p.add(ps, calls)
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if len(b.queue) == 0 {
+	if len(b.queue) == 0 && len(ps) == 0 {
 		b.drainer = false
 		return nil, calls
 	}
@@ -341,18 +399,24 @@ func (b *batcher) take(ps []*pending, calls []*call) ([]*pending, []*call) {
 			}
 		default:
 			p.state = pendSent
-			ps = append(ps, p)
-			if p.job == nil {
-				calls = append(calls, &p.cl)
-			}
-			if p.pair {
-				calls = append(calls, &p.cl2)
-			}
+			ps, calls = p.add(ps, calls)
 		}
 	}
 	b.queue = b.queue[:0]
 	if ps == nil {
 		ps = []*pending{}
+	}
+	return ps, calls
+}
+
+// add appends p and its calls to a round's.
+func (p *pending) add(ps []*pending, calls []*call) ([]*pending, []*call) {
+	ps = append(ps, p)
+	if p.job == nil {
+		calls = append(calls, &p.cl)
+	}
+	if p.pair {
+		calls = append(calls, &p.cl2)
 	}
 	return ps, calls
 }

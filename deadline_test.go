@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -232,5 +233,158 @@ func TestNotRedis(t *testing.T) {
 	}
 	if v := faultPanic(func() { c.NewMutex(lockName(t)).TryLock() }); v == nil {
 		t.Errorf("TryLock on an HTTP server: no panic, want the documented panic for a server that is not Redis")
+	}
+}
+
+// TestPostedReleaseRetried: the release posted behind an UnlockContext that
+// its context cut off fails too (a connection cut, with go-redis's retries
+// off). The node sends it again, so the lock is free once Redis answers,
+// and before the goroutine's next Lock, which takes the lock with the same
+// owner token: sent after it, it would end that new hold on the server.
+func TestPostedReleaseRetried(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *testBackend) {
+		var cut releaseCuts
+		log := newCommandLog()
+		rdb := b.rdb(t, func(o *redis.Options) { o.MaxRetries = -1 })
+		rdb.AddHook(log)
+		rdb.AddHook(cut.hook())
+		c := clientOn(t, rdb)
+		m := c.NewMutex(lockName(t))
+		hash := m.spec.hash()
+		check := rdbAt(t, b.addr)
+		g := newFaultGoroutine(t)
+
+		// cutUnlock takes the lock and cuts off its UnlockContext, then the
+		// release posted behind it; it returns when they were cut.
+		cutUnlock := func() time.Time {
+			g.do(t, hangGuard, "Lock", m.Lock)
+			armed := time.Now()
+			cut.arm(hash)
+			var err error
+			g.do(t, hangGuard, "UnlockContext", func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+				defer cancel()
+				err = m.UnlockContext(ctx)
+			})
+			if !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("UnlockContext cut off: got %v, want DeadlineExceeded", err)
+			}
+			cut.unlockReturned()
+			cut.awaitFailed(t)
+			return armed
+		}
+
+		cutUnlock()
+		waitFor(t, "the lock free after the posted release was sent again", func() bool {
+			return check.Exists(context.Background(), hash).Val() == 0
+		})
+
+		// The next Lock first releases what the cut Unlock may have left (a
+		// rollback of the same owner token): with the posted release sent
+		// again, two releases reach Redis, both before its acquisition.
+		armed := cutUnlock()
+		g.do(t, hangGuard, "Lock after the cut Unlock", m.Lock)
+		waitFor(t, "the posted release and the Lock's rollback sent", func() bool {
+			return len(releasesOf(log.since(armed), hash)) >= 2
+		})
+		if fields := check.HLen(context.Background(), hash).Val(); fields != 1 {
+			t.Errorf("fields of the hash after the next Lock: %d, want its hold's", fields)
+		}
+		acquired := false
+		for _, cmd := range log.since(armed) {
+			switch name, keys := scriptCallArgs(cmd.args); {
+			case len(keys) == 0 || keys[0] != hash || cmd.err != nil:
+			case name == "acquire":
+				acquired = true
+			case name == "release" && acquired:
+				t.Errorf("a release of the lock sent after the next Lock's acquisition: %v", cmd.args)
+			}
+		}
+		g.do(t, hangGuard, "Unlock", m.Unlock)
+	})
+}
+
+// releasesOf returns the releases of hash among cmds that Redis answered.
+func releasesOf(cmds []loggedCommand, hash string) []loggedCommand {
+	var out []loggedCommand
+	for _, cmd := range cmds {
+		if name, keys := scriptCallArgs(cmd.args); name == "release" && len(keys) > 0 && keys[0] == hash && cmd.err == nil {
+			out = append(out, cmd)
+		}
+	}
+	return out
+}
+
+// releaseCuts is a go-redis hook that, once armed for a lock's hash, cuts
+// the next two round trips with a release of it: the first is held until
+// the test says its caller returned, then fails as a connection reset after
+// sending would (Redis never got it here); the second fails at once. Later
+// ones pass.
+type releaseCuts struct {
+	mu       sync.Mutex
+	key      string
+	seen     int
+	returned chan struct{} // closed once the cut-off caller returned
+	failed   chan struct{} // closed once the second round trip failed
+}
+
+func (f *releaseCuts) arm(key string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.key, f.seen = key, 0
+	f.returned, f.failed = make(chan struct{}), make(chan struct{})
+}
+
+func (f *releaseCuts) unlockReturned() { close(f.returned) }
+
+func (f *releaseCuts) awaitFailed(t *testing.T) {
+	t.Helper()
+	select {
+	case <-f.failed:
+	case <-time.After(hangGuard):
+		t.Fatal("the posted release was never sent")
+	}
+}
+
+// cuts says which cut cmds get: 0 none, 1 or 2.
+func (f *releaseCuts) cuts(cmds []redis.Cmder) (int, chan struct{}, chan struct{}) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, cmd := range cmds {
+		if name, keys := scriptCall(cmd); f.key != "" && name == "release" && len(keys) > 0 && keys[0] == f.key {
+			f.seen++
+			if f.seen == 2 {
+				f.key = ""
+			}
+			return f.seen, f.returned, f.failed
+		}
+	}
+	return 0, nil, nil
+}
+
+func (f *releaseCuts) hook() redis.Hook {
+	fail := func(cmds []redis.Cmder, next func() error) error {
+		n, returned, failed := f.cuts(cmds)
+		switch n {
+		case 0:
+			return next()
+		case 1:
+			<-returned
+		case 2:
+			defer close(failed)
+		}
+		err := transientErr()
+		for _, cmd := range cmds {
+			cmd.SetErr(err)
+		}
+		return err
+	}
+	return hookFuncs{
+		process: func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
+			return fail([]redis.Cmder{cmd}, func() error { return next(ctx, cmd) })
+		},
+		pipeline: func(ctx context.Context, cmds []redis.Cmder, next redis.ProcessPipelineHook) error {
+			return fail(cmds, func() error { return next(ctx, cmds) })
+		},
 	}
 }
