@@ -259,7 +259,7 @@ func TestPostedReleaseRetried(t *testing.T) {
 		cutUnlock := func() time.Time {
 			g.do(t, hangGuard, "Lock", m.Lock)
 			armed := time.Now()
-			cut.arm(hash)
+			cut.arm(t, hash)
 			var err error
 			g.do(t, hangGuard, "UnlockContext", func() {
 				ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
@@ -326,16 +326,23 @@ type releaseCuts struct {
 	seen     int
 	returned chan struct{} // closed once the cut-off caller returned
 	failed   chan struct{} // closed once the second round trip failed
+	// unlockReturned closes returned: the test calls it once the cut-off
+	// caller returned.
+	unlockReturned func()
 }
 
-func (f *releaseCuts) arm(key string) {
+// arm cuts the next two round trips with a release of key. A test that
+// ends before it called unlockReturned lets the held round trip go at its
+// end, before its Client closes (which waits for it).
+func (f *releaseCuts) arm(t *testing.T, key string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.key, f.seen = key, 0
-	f.returned, f.failed = make(chan struct{}), make(chan struct{})
+	returned := make(chan struct{})
+	f.returned, f.failed = returned, make(chan struct{})
+	f.unlockReturned = sync.OnceFunc(func() { close(returned) })
+	t.Cleanup(f.unlockReturned)
 }
-
-func (f *releaseCuts) unlockReturned() { close(f.returned) }
 
 func (f *releaseCuts) awaitFailed(t *testing.T) {
 	t.Helper()
