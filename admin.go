@@ -81,8 +81,8 @@ type LockInfo struct {
 
 // Holder is one hold of a lock: of a DistSemaphore, one acquisition.
 type Holder struct {
-	// Owner is the owner token: <client id>:<goroutine id> (see
-	// Event.Owner); a DistSemaphore's acquisition has one of its own.
+	// Owner is the owner token: <client id>:<goroutine id>.<n>, one per
+	// acquisition (see Event.Owner).
 	Owner string
 	// Count is the hold count; 1 for a read hold, whose nested holds only
 	// its own process counts; for a DistSemaphore's holder, the permits it
@@ -457,7 +457,7 @@ func settle(info *LockInfo) {
 }
 
 // ownerOrigin returns the host and pid in the Client id of an owner token
-// (<22 base64url>.<host>.<pid>:<goroutine>, see clientID), or "" and 0.
+// (<22 base64url>.<host>.<pid>:<goroutine>.<n>, see clientID), or "" and 0.
 func ownerOrigin(owner string) (host string, pid int) {
 	id, _, _ := strings.Cut(owner, ":")
 	first, last := strings.IndexByte(id, '.'), strings.LastIndexByte(id, '.')

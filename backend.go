@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -56,36 +57,74 @@ type acquireReq struct {
 // uncontended Lock's quick_lock.lua, which needs none, builds nothing.
 type queuePlace struct {
 	wait    uint64 // the wait id; 0: never queued (TryLock)
+	at      int64  // the entry's send time (see entryString)
 	arrival int64  // unix ms, on this process's clock
 	owner   string
-	known   bool // queued already: a call that finds it gone must not add it again
-	permits int  // a semaphore's request
+	known   bool   // queued already: a call that finds it gone must not add it again
+	prev    string // known: the entry the latest answered call left queued, which this one replaces
+	permits int    // a semaphore's request
 }
 
-// entryArg is acquire.lua's queue entry argument for r: "" never queues
-// (TryLock), "+<entry>" once the entry is known queued (see enqueue.lua).
+// entryArg is acquire.lua's queue entry argument for r (see enqueue.lua):
+// "" never queues (TryLock), "<entry>" queues it if it is not there,
+// "+<entry>" and "+<previous entry>|<entry>" once it is known queued:
+// the call finds it (or the previous one, which it replaces in place)
+// or answers that it is gone.
 func (r *acquireReq) entryArg(s *lockSpec) string {
 	p := &r.place
 	if r.entry != "" || p.wait == 0 {
 		return r.entry
 	}
-	e := entryString(s, p.wait, p.arrival, p.permits, p.owner)
-	if p.known {
+	e := entryString(s, p.wait, p.at, p.arrival, p.permits, p.owner)
+	switch {
+	case !p.known:
+		return e
+	case p.prev == "" || p.prev == e:
 		return "+" + e
 	}
-	return e
+	return "+" + p.prev + "|" + e
 }
 
 // entryString is a queue entry (see queue.lua):
-// <claim ms>:<flag>:<wait id>.<arrival ms>:<owner>, the arrival for
-// Client.Inspect; a semaphore's waiter adds its request after the arrival
-// (<wait id>.<arrival ms>.<permits>, see sem.lua).
-func entryString(s *lockSpec, wait uint64, arrival int64, permits int, owner string) string {
-	e := s.claimMs + ":" + s.flag + ":" + strconv.FormatUint(wait, 10) + "." + strconv.FormatInt(arrival, 10)
+// <claim ms>:<flag>:<wait id>-<at>.<arrival ms>:<owner>; a semaphore's
+// waiter adds its request after the arrival (<wait id>-<at>.<arrival
+// ms>.<permits>, see sem.lua). The arrival, unix ms, is for Client.Inspect.
+// at is the send time of the call that wrote the entry, in ms since its
+// Client's epoch on the monotonic clock, rounded down: every call that finds
+// the entry queued writes its own, so a grant of the entry, which names it
+// as it stood, tells its waiter a time before the grant was made, from
+// which the grant's claim lease counts (see attempt.claim).
+func entryString(s *lockSpec, wait uint64, at, arrival int64, permits int, owner string) string {
+	e := s.claimMs + ":" + s.flag + ":" + strconv.FormatUint(wait, 10) + "-" + strconv.FormatInt(at, 10) + "." + strconv.FormatInt(arrival, 10)
 	if s.size != nil {
 		e += "." + strconv.Itoa(permits)
 	}
 	return e + ":" + owner
+}
+
+// waitKey names a wait of owner with wait id wait: what the entries of one
+// wait have in common, whatever send time they carry.
+func waitKey(wait uint64, owner string) string {
+	return strconv.FormatUint(wait, 10) + ":" + owner
+}
+
+// parseGrantEntry returns the wait key of a queue entry named by a message,
+// and the send time it carries; ok false if it is not an entry.
+func parseGrantEntry(e string) (key string, at int64, ok bool) {
+	parts := strings.SplitN(e, ":", 4)
+	if len(parts) != 4 {
+		return "", 0, false
+	}
+	wait, rest, ok := strings.Cut(parts[2], "-")
+	if !ok {
+		return "", 0, false
+	}
+	ms, _, _ := strings.Cut(rest, ".")
+	at, err := strconv.ParseInt(ms, 10, 64)
+	if err != nil {
+		return "", 0, false
+	}
+	return wait + ":" + parts[3], at, true
 }
 
 // backend is where a Client's locks live: one Redis deployment (node) or a
@@ -156,11 +195,13 @@ func toInt64(v interface{}) (int64, error) {
 
 // rollback releases a hold nobody will use (a lost hold's field that may be
 // left on the server, a leftover in the way of a new acquisition), best
-// effort and briefly, within ctx: its lease ends it otherwise.
-func rollback(ctx context.Context, b backend, s *lockSpec, owner interface{}) error {
+// effort and briefly, within ctx: its lease ends it otherwise. keep is the
+// final release's lease argument: how long the key stays taken by nobody
+// (WithMinHold, see releaseArg), "0" none.
+func rollback(ctx context.Context, b backend, s *lockSpec, owner, keep interface{}) error {
 	ctx, cancel := context.WithTimeout(ctx, rollbackTimeout)
 	defer cancel()
-	_, err := b.release(ctx, s, owner, 0, "0")
+	_, err := b.release(ctx, s, owner, 0, keep)
 	return err
 }
 
@@ -169,8 +210,10 @@ func rollback(ctx context.Context, b backend, s *lockSpec, owner interface{}) er
 // too late, an acquisition that too few replicas acknowledged, a quorum's
 // failed try. It returns at once; the release follows that call to Redis
 // (see postCtx) within the lease, past which the grant has ended anyway.
-func postRelease(ctx context.Context, b backend, s *lockSpec, owner interface{}) {
-	_, _ = b.release(postCtx(ctx, s.lease), s, owner, 0, "0")
+// keep is as for rollback: a hold that was used keeps its minimum hold
+// however its release reaches Redis; a grant nobody used has none.
+func postRelease(ctx context.Context, b backend, s *lockSpec, owner, keep interface{}) {
+	_, _ = b.release(postCtx(ctx, s.lease), s, owner, 0, keep)
 }
 
 // rollbackTimeout bounds a rollback: past it the lease ends the hold.

@@ -30,7 +30,8 @@ const DefaultKeyPrefix = "remutex:"
 // exclude each other exactly as two processes do.
 type Client struct {
 	_       noCopy
-	id      string // <random 128 bits, hex>.<host>.<pid>: the owner-token prefix of every hold
+	id      string    // <random 128 bits, hex>.<host>.<pid>: the owner-token prefix of every hold
+	epoch   time.Time // its creation, on the monotonic clock: queue entries carry send times from it
 	prefix  string
 	log     *slog.Logger
 	onError func(error)
@@ -140,6 +141,7 @@ func newClient(fn string, opts []Option) *Client {
 		panic("remutex: " + fn + ": crypto/rand: " + err.Error())
 	}
 	c := &Client{
+		epoch:    time.Now(),
 		id:       clientID(base64.RawURLEncoding.EncodeToString(id[:]), hostname(), os.Getpid()),
 		prefix:   DefaultKeyPrefix,
 		closing:  make(chan struct{}),

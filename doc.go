@@ -32,10 +32,13 @@
 // # Ownership and reentrancy
 //
 // A hold belongs to the goroutine that took it: its owner token is
-// <client id>:<goroutine id>, where the Client's id is 128 random bits in
-// base64url followed by the host and process id of the Client's process
+// <client id>:<goroutine id>.<n>, where the Client's id is 128 random bits
+// in base64url followed by the host and process id of the Client's process
 // ("<22 characters>.<host>.<pid>"), so that Client.Inspect can tell an
-// operator where a holder runs. A goroutine that locks a lock it holds
+// operator where a holder runs, and n numbers the acquisition: no two
+// acquisitions share a token, so that a call of an earlier one, however
+// late or often it reaches Redis, finds nothing of a later one to change
+// (a NonReentrant hold's token is <client id>:n<n>). A goroutine that locks a lock it holds
 // raises its hold count (one round trip) and must unlock as many times.
 // Unlock from a goroutine that holds nothing panics like sync.Mutex's.
 //
@@ -109,13 +112,18 @@
 // the caller's when its critical section ended, unless something outside
 // the library deleted it, which the watchdog reports when it notices first.
 // A grant from the queue carries a short claim lease (the entry's time to
-// live) and is valid from the send time of the waiter's last refresh; the
-// watchdog extends it to the full lease only if the hold lasts long enough
-// to need it, so a waiter that gave up without a word while its Client
-// still listens blocks the lock for a claim window, not a lease, and a short
-// hold costs no extra call.
-// A grant message names the queue entry it answers, so a goroutine that waits
-// again never takes an earlier wait's grant for a new one.
+// live); the watchdog extends it to the full lease only if the hold lasts
+// long enough to need it, so a waiter that gave up without a word while its
+// Client still listens blocks the lock for a claim window, not a lease, and
+// a short hold costs no extra call. Every call of a waiter that finds its
+// entry queued rewrites it with the call's send time, and the grant message
+// names the entry as it stood: the grant is valid for its claim lease from
+// that send time, which came before the grant however late the message
+// arrives, and a grant past it is given back, never taken. A grant names
+// the wait (wait id and owner token) it answers, so a goroutine that waits
+// again never takes an earlier wait's grant for a new one, and a waiter that
+// gave a grant back goes on under an owner token of its own, which that
+// give-back cannot touch, however late it reaches Redis.
 //
 // # Read/write locks
 //

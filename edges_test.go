@@ -281,7 +281,7 @@ func TestNestedLockAfterLoss(t *testing.T) {
 		if got := m.HoldCount(); got != 1 {
 			t.Errorf("HoldCount after a nested Lock found the hold gone: got %d, want 1 (a new hold)", got)
 		}
-		if got := check.HGet(ctx, m.spec.hash(), c.id+":"+fmt.Sprint(m.gid())).Val(); got != "1" {
+		if got := check.HGet(ctx, m.spec.hash(), ownerString(m.current().owner)).Val(); got != "1" {
 			t.Errorf("the new hold in Redis: count %q, want \"1\"", got)
 		}
 		errs.await(t, ErrLockLost, hangGuard, "the loss to be reported")

@@ -133,7 +133,7 @@ var errRenewFailed = errors.New("remutex: renewal failed (Redis error or no repl
 type Event struct {
 	Kind     EventKind
 	Lock     string        // the lock's name
-	Owner    string        // the hold's owner token: <client id>:<goroutine id>, the id being <22 base64url>.<host>.<pid>
+	Owner    string        // the hold's owner token: <client id>:<goroutine id>.<n>, one per acquisition, the id being <22 base64url>.<host>.<pid>
 	Fence    int64         // the hold's fencing token, 0 without WithFencing
 	Duration time.Duration // see the EventKind
 	Err      error         // EventWaited (gave up), EventReleased (release failed), EventRenewFailed and EventLost

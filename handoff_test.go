@@ -50,7 +50,7 @@ func TestStaleGrantAfterEntryGone(t *testing.T) {
 		wc.dispatch(k.channel+wc.id, "g 0 "+old)
 		wc.mu.Lock()
 		for _, wt := range wc.locks[k.hash].waiters {
-			assert.False(t, wt.granted, "waiter %s took the grant of %s", wt.entry, old)
+			assert.False(t, wt.granted, "waiter %s took the grant of %s", wt.key, old)
 		}
 		wc.mu.Unlock()
 		holder.Unlock()
@@ -176,7 +176,7 @@ func TestMessageBeforeWaiterRegistered(t *testing.T) {
 			defer c.mu.Unlock()
 			assert.Equal(t, msg != "w", a.w.granted)
 			if msg != "w" {
-				assert.EqualValues(t, 7, a.w.fence)
+				assert.EqualValues(t, 7, a.w.grant.fence)
 			}
 		})
 	}

@@ -377,7 +377,9 @@ func (m *DistMutex) acquire(ctx context.Context, try bool, permits int) (bool, e
 			return false, ErrClosed
 		case h != nil && m.reentrant:
 			c.mu.Unlock()
-			held, err := m.nested(ctx, h, try)
+			// (h.m: the value that took the hold, whose options every call
+			// on the hold keeps.)
+			held, err := h.m.nested(ctx, h, try)
 			if err == errEnded {
 				continue // lost meanwhile: take the lock anew
 			}
@@ -403,8 +405,11 @@ func (m *DistMutex) take(ctx context.Context, gid int64, try bool, permits int) 
 	var a attempt
 	m.initAttemptLocked(&a, gid, try)
 	a.permits = permits
-	left := c.stateLocked(m).takeLeftoverLocked(a.owner)
-	pairLeft := m.pair != nil && !a.pinned && c.stateLocked(m.pair).takeLeftoverLocked(a.owner)
+	left := c.stateLocked(m).takeLeftoversOfLocked(gid)
+	var pairLeft []interface{}
+	if m.pair != nil && !a.pinned {
+		pairLeft = c.stateLocked(m.pair).takeLeftoversOfLocked(gid)
+	}
 	c.attempts++ // Close waits for it to post what undoes it
 	c.mu.Unlock()
 	defer func() {
@@ -412,12 +417,8 @@ func (m *DistMutex) take(ctx context.Context, gid int64, try bool, permits int) 
 		c.attemptDoneLocked(1)
 		c.mu.Unlock()
 	}()
-	if pairLeft {
-		m.clearPairLeftover(ctx, a.owner)
-	}
-	if left {
-		m.clearLeftover(ctx, &a)
-	}
+	m.pair.clearLeftovers(ctx, pairLeft, gid)
+	m.clearLeftovers(ctx, left, gid)
 	held, err := a.run(ctx)
 	if try && err != nil && (cutOff(ctx, err) || transient(err) || errors.Is(err, ErrClosed)) {
 		m.undoTry(ctx, a.owner)
@@ -438,7 +439,7 @@ func (m *DistMutex) take(ctx context.Context, gid int64, try bool, permits int) 
 // got itself.
 func (m *DistMutex) undoTry(ctx context.Context, owner interface{}) {
 	if !m.c.be.freshOwners() {
-		postRelease(ctx, m.c.be, &m.spec, owner)
+		postRelease(ctx, m.c.be, &m.spec, owner, "0")
 	}
 }
 

@@ -39,7 +39,7 @@ func serverMillis(t testing.TB, rdb *redis.Client) int64 {
 
 // queueEntry is the form of an entry of a lock's queue:
 // <claim ms>:<flag>:<wait id>.<arrival ms>:<owner token>.
-var queueEntry = regexp.MustCompile(`^(\d+):([01]):(\d+)\.(\d+):([A-Za-z0-9_-]{22}\.[A-Za-z0-9._-]+\.\d+):(\d+)$`)
+var queueEntry = regexp.MustCompile(`^(\d+):([01]):(\d+)-\d+\.(\d+):([A-Za-z0-9_-]{22}\.[A-Za-z0-9._-]+\.\d+):(\d+\.\d+)$`)
 
 // TestReleasePublishes: a release publishes only when someone waits, and
 // then one message, on the waiting Client's own channel of the lock.
@@ -148,7 +148,7 @@ func TestQueueGrantsInOrder(t *testing.T) {
 				var last int64
 				for i, e := range entries {
 					parts := queueEntry.FindStringSubmatch(e)
-					if assert.NotNil(t, parts, "queue entry %q: want <claim ms>:<flag>:<wait id>.<arrival ms>:<owner>", e) {
+					if assert.NotNil(t, parts, "queue entry %q: want <claim ms>:<flag>:<wait id>-<sent>.<arrival ms>:<owner>", e) {
 						assert.Equal(t, clients[i%tc.clients].id, parts[5], "owner's client of queue entry %d", i)
 						arrival, _ := strconv.ParseInt(parts[4], 10, 64)
 						assert.True(t, arrival >= started.UnixMilli() && arrival <= time.Now().UnixMilli() && arrival >= last,

@@ -61,6 +61,28 @@ type call struct {
 	args []interface{}
 	cmd  *redis.Cmd
 	look bool // EXISTS of one key, whose count alone matters (see batcher.round)
+	// once: the redis client must not send it again after a failure (see
+	// onceCmd); a release, whose reply must tell its own earlier copy from
+	// a loss.
+	once bool
+}
+
+// onceCmd is a command the redis client never sends again by itself (after a
+// connection error or a timeout, as go-redis does up to MaxRetries times):
+// a release that finds nothing of its hold then knows that no earlier copy
+// of it was applied unless remutex sent one, and reports the hold lost
+// exactly when it was (see DistMutex.settle). A pipeline that carries one is
+// not resent either; its other calls are retried by their callers.
+type onceCmd struct{ *redis.Cmd }
+
+func (onceCmd) NoRetry() bool { return true }
+
+// cmder is what cl is sent as.
+func (cl *call) cmder() redis.Cmder {
+	if cl.once {
+		return onceCmd{cl.cmd}
+	}
+	return cl.cmd
 }
 
 func (cl *call) build(ctx context.Context, eval bool) {
@@ -88,20 +110,26 @@ func (cl *call) build(ctx context.Context, eval bool) {
 // calls again from the first that it refused, in their order: those
 // refused with EVAL, the others (applied once already) with EVALSHA. So
 // the calls take effect in the order they were made, which a call that
-// undoes another one relies on (see postCtx), and each caller gets the
-// reply of the last application; applying a lock script twice is safe, as
-// a resent call is.
+// undoes another one relies on (see postCtx); applying a lock script twice
+// is safe, as a resent call is, and each caller gets the reply of the
+// first application (a release's second finds nothing of its hold).
 func (n *node) send(ctx context.Context, t target, calls []*call, wait, pipeline bool) (acks *redis.IntCmd) {
-	var evals []bool // per call: send it with EVAL
+	var evals []bool                 // per call: send it with EVAL
+	var applied map[*call]*redis.Cmd // the reply of each call's first application
+	defer func() {
+		for cl, cmd := range applied {
+			cl.cmd = cmd
+		}
+	}()
 	for pass := 0; ; pass++ {
 		if len(calls) == 1 && !wait && !pipeline {
 			calls[0].build(ctx, evals != nil && evals[0])
-			_ = t.Process(ctx, calls[0].cmd)
+			_ = t.Process(ctx, calls[0].cmder())
 		} else {
 			pipe := t.Pipeline()
 			for i, cl := range calls {
 				cl.build(ctx, evals != nil && evals[i])
-				_ = pipe.Process(ctx, cl.cmd)
+				_ = pipe.Process(ctx, cl.cmder())
 			}
 			if wait {
 				acks = redis.NewIntCmd(ctx, "wait", n.ack.replicas, n.ack.timeout.Milliseconds())
@@ -114,8 +142,14 @@ func (n *node) send(ctx context.Context, t target, calls []*call, wait, pipeline
 			return acks
 		}
 		calls = calls[first:]
+		if applied == nil {
+			applied = make(map[*call]*redis.Cmd)
+		}
 		evals = make([]bool, len(calls))
 		for i, cl := range calls {
+			if _, ok := applied[cl]; !ok && !isNoScript(cl) {
+				applied[cl] = cl.cmd
+			}
 			// (A third pass, after scripts were flushed once more between
 			// two, sends them all in full.)
 			evals[i] = pass == 1 || isNoScript(cl)
@@ -151,7 +185,11 @@ func (n *node) eval(ctx context.Context, s *lockSpec, sc *luaScript, args ...int
 
 // evalOn is eval on some of the lock's keys, the hash first.
 func (n *node) evalOn(ctx context.Context, keys []interface{}, sc *luaScript, args ...interface{}) (interface{}, error) {
-	cl := &call{s: sc, keys: keys, args: args}
+	return n.evalCall(ctx, &call{s: sc, keys: keys, args: args})
+}
+
+// evalCall is evalOn of a call built already.
+func (n *node) evalCall(ctx context.Context, cl *call) (interface{}, error) {
 	if err := n.batch.do(ctx, cl); err != nil {
 		return nil, err
 	}
@@ -232,7 +270,7 @@ func (n *node) ackedRound(ctx context.Context, s *lockSpec, owner interface{}, a
 		return r, err
 	}
 	if err := n.ackErr(acks); err != nil {
-		postRelease(ctx, n, s, owner) // posted: the drainer sends it next round
+		postRelease(ctx, n, s, owner, "0") // posted: the drainer sends it next round
 		return reply{}, err
 	}
 	return r, nil
@@ -265,7 +303,7 @@ func (n *node) release(ctx context.Context, s *lockSpec, owner interface{}, want
 		// for WithMinHold: release.lua alone.)
 		return n.quickRelease(ctx, s, owner)
 	}
-	v, err := n.eval(ctx, s, s.sc.release, owner, want, lease, n.pub(ctx))
+	v, err := n.evalCall(ctx, &call{s: s.sc.release, keys: s.keyArgs, args: []interface{}{owner, want, lease, n.pub(ctx)}, once: true})
 	if err != nil {
 		return 0, err
 	}

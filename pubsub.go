@@ -441,28 +441,37 @@ func (c *Client) dispatch(channel, payload string) {
 		return
 	}
 	kind, rest, _ := strings.Cut(payload, " ")
-	var fence int64
+	var g grant
 	if kind == "g" {
 		f, entry, ok := strings.Cut(rest, " ")
 		if !ok {
 			return
 		}
-		fence, _ = strconv.ParseInt(f, 10, 64)
+		g.fence, _ = strconv.ParseInt(f, 10, 64)
 		rest = entry
 	}
+	wait, at, ok := parseGrantEntry(rest)
+	if !ok {
+		return
+	}
+	g.at = at
+	granted := kind == "g"
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	st := c.stateOfLocked(key)
 	for _, w := range st.waiters {
-		if w.entry == rest {
-			w.granted, w.fence = kind == "g", fence
+		if w.key == wait {
+			// (Of two grants of one wait, the later entry's is valid longer.)
+			if granted && (!w.granted || g.at > w.grant.at) {
+				w.granted, w.grant = true, g
+			}
 			w.signal()
 			return
 		}
 	}
 	// The entry's waiter may not be registered yet: its call, which queued
 	// it, can return after the message came.
-	st.keepEarlyLocked(early{entry: rest, granted: kind == "g", fence: fence, at: time.Now()})
+	st.keepEarlyLocked(early{key: wait, granted: granted, grant: g, at: time.Now()})
 	if kind == "w" && len(st.waiters) > 0 {
 		st.waiters[0].signal()
 	}

@@ -126,7 +126,7 @@ func (n *node) quickRelease(ctx context.Context, s *lockSpec, owner interface{})
 	q := s.quick
 	pc := pairPool.Get().(*pairCalls)
 	del, look := &pc.calls[0], &pc.calls[1]
-	*del = call{args: append(pc.args[:0], q.del, q.delKey, owner)}
+	*del = call{args: append(pc.args[:0], q.del, q.delKey, owner), once: true}
 	*look = call{args: q.look, look: true}
 	if err := n.batch.doPair(ctx, del, look); err != nil {
 		return 0, err // (not put back: the drainer may still send pc's arguments)

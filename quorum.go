@@ -37,9 +37,10 @@ import (
 //     clock drift between the servers and the client: a server whose clock
 //     jumps forward expires leases early.
 //
-// Owner tokens carry a per-try suffix (<client id>:<goroutine id>.<n>): a
-// try that lost gives back what it got late, in the background, and must
-// never touch a later try's field. It panics with fewer than three servers or
+// Owner tokens are new for every try (<client id>:<goroutine id>.<n>, as
+// every acquisition's on a single deployment): a try that lost gives back
+// what it got late, in the background, and must never touch a later try's
+// field. It panics with fewer than three servers or
 // a nil one. The redis clients stay the caller's to close.
 func NewQuorumClient(rdbs []redis.UniversalClient, opts ...Option) *Client {
 	if len(rdbs) < 3 {
@@ -231,7 +232,7 @@ func (g *giveBack) grantedLate(ctx context.Context, nd *node, s *lockSpec, owner
 	}
 	g.mu.Unlock()
 	if failed {
-		postRelease(ctx, nd, s, owner)
+		postRelease(ctx, nd, s, owner, "0")
 	}
 }
 
@@ -292,7 +293,7 @@ func (g *giveBack) fail(ctx context.Context, q *quorum, as []answer[reply], s *l
 		}
 	}
 	for _, nd := range late {
-		postRelease(ctx, nd, s, owner) // queued at once, on no one's time
+		postRelease(ctx, nd, s, owner, "0") // queued at once, on no one's time
 	}
 }
 

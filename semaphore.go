@@ -303,8 +303,7 @@ func (s *DistSemaphore) releaseHold(ctx context.Context, h *hold, k int) error {
 	h.ending = want == 0
 	valid := h.valid
 	c.mu.Unlock()
-	res, sent, err := m.release(ctx, h, want, valid)
-	return m.settle(h, want, res, sent, err, false)
+	return m.settle(h, want, m.release(ctx, h, want, valid), false)
 }
 
 // Held returns the permits the value holds: those acquired, not released,

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
-	"strconv"
 	"time"
 )
 
@@ -23,9 +22,6 @@ type lockState struct {
 	holds   []*hold   // reentrant holds; at most one valid, lost ones until unlocked
 	extra   int       // NonReentrant holds, which live on their DistMutex
 	waiters []*waiter // FIFO
-	// lastOwner is the latest reentrant hold, kept so that the goroutine that
-	// held the lock last can take it again without building its owner token.
-	lastOwner *hold
 	// leftovers are holds dropped while their field may still be on the
 	// server (see leftOverLocked).
 	leftovers []leftover
@@ -42,20 +38,22 @@ type lockState struct {
 // failed): its field may stay on the server until its lease ends there.
 type leftover struct {
 	owner interface{}
+	gid   int64 // its goroutine (NonReentrant: 0)
 	until time.Time
 }
 
 // leftOverLocked records that h was dropped while its field may still be on
-// the server. A later Lock of the same owner token must not take that field
-// for its own acquisition (as it takes the grant of a resent call): it would
-// continue an ended hold, fencing token and all. A quorum's owner tokens
-// are new for every try, so nothing is left over for them.
+// the server. Every acquisition has an owner token of its own, so the field
+// cannot be mistaken for a later hold's; but it keeps the lock taken, and the
+// next acquisition of the same goroutine would wait for its own ended hold:
+// that acquisition releases it first (see clearLeftovers). A quorum's tries
+// give back what they got themselves, so nothing is left over for them.
 func (m *DistMutex) leftOverLocked(h *hold) {
 	if m.c.be.freshOwners() {
 		return
 	}
 	st := m.c.stateLocked(m)
-	st.leftovers = append(st.leftovers, leftover{owner: h.owner, until: time.Now().Add(m.spec.lease)})
+	st.leftovers = append(st.leftovers, leftover{owner: h.owner, gid: h.gid, until: time.Now().Add(m.spec.lease)})
 }
 
 func (m *DistMutex) leftOver(h *hold) {
@@ -64,59 +62,56 @@ func (m *DistMutex) leftOver(h *hold) {
 	m.leftOverLocked(h)
 }
 
-// takeLeftoverLocked removes and reports a leftover of owner; expired ones
-// go too (the server has dropped their field).
+// takeLeftoverLocked removes and reports the leftover of owner; expired
+// ones go too (the server has dropped their field).
 func (st *lockState) takeLeftoverLocked(owner interface{}) bool {
+	return len(st.takeLeftoversLocked(func(l leftover) bool { return l.owner == owner })) > 0
+}
+
+// takeLeftoversOfLocked removes and returns the owner tokens that goroutine
+// gid left on the server.
+func (st *lockState) takeLeftoversOfLocked(gid int64) []interface{} {
+	return st.takeLeftoversLocked(func(l leftover) bool { return l.gid == gid })
+}
+
+func (st *lockState) takeLeftoversLocked(match func(leftover) bool) []interface{} {
 	if len(st.leftovers) == 0 {
-		return false
+		return nil
 	}
-	found, now, keep := false, time.Now(), st.leftovers[:0]
+	var found []interface{}
+	now, keep := time.Now(), st.leftovers[:0]
 	for _, l := range st.leftovers {
 		switch {
 		case !now.Before(l.until):
-		case l.owner == owner && !found:
-			found = true
+		case match(l):
+			found = append(found, l.owner)
 		default:
 			keep = append(keep, l)
 		}
 	}
+	clear(st.leftovers[len(keep):])
 	st.leftovers = keep
 	return found
 }
 
-// clearLeftover releases the field an attempt's owner token left on the
-// server before the attempt takes the lock. If that fails too, the attempt
-// uses an owner token of its own, and waits for the field to end.
-func (m *DistMutex) clearLeftover(ctx context.Context, a *attempt) {
-	c := m.c
-	err := rollback(ctx, c.be, &m.spec, a.owner)
-	if err == nil {
-		return
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	st := c.stateLocked(m)
-	st.leftovers = append(st.leftovers, leftover{owner: a.owner, until: time.Now().Add(m.spec.lease)})
-	a.owner = ownerString(a.owner) + "." + strconv.FormatUint(c.nextSeqLocked(), 10)
-}
-
-// clearPairLeftover releases, before a DistRWMutex's attempt on one side,
-// what owner may have left on the other side (a read hold that ran out
-// locally, still a reader on the server for a moment): the attempt would
-// otherwise wait for the goroutine's own ended hold. If that fails, the
-// leftover is kept, and the attempt waits for its deadline.
-func (m *DistMutex) clearPairLeftover(ctx context.Context, owner interface{}) {
-	p := m.pair
-	if err := rollback(ctx, p.c.be, &p.spec, owner); err != nil {
-		p.leftOver(&hold{owner: owner})
+// clearLeftovers releases, before goroutine gid takes m (or, for a
+// DistRWMutex, its other side: a read hold that ran out locally is still a
+// reader on the server for a moment), the fields its ended holds may have
+// left there; the attempt would otherwise wait for them. What cannot be
+// released now stays a leftover, and ends by its lease.
+func (m *DistMutex) clearLeftovers(ctx context.Context, owners []interface{}, gid int64) {
+	for _, owner := range owners {
+		if err := rollback(ctx, m.c.be, &m.spec, owner, "0"); err != nil {
+			m.leftOver(&hold{owner: owner, gid: gid})
+		}
 	}
 }
 
 // early is a message that came before its waiter was registered.
 type early struct {
-	entry   string
+	key     string // its wait (see waitKey)
 	granted bool
-	fence   int64
+	grant   grant
 	at      time.Time
 }
 
@@ -142,8 +137,8 @@ func (st *lockState) keepEarlyLocked(e early) {
 // registered.
 func (st *lockState) claimEarlyLocked(w *waiter) {
 	for i, e := range st.early {
-		if e.entry == w.entry {
-			w.granted, w.fence = e.granted, e.fence
+		if e.key == w.key {
+			w.granted, w.grant = e.granted, e.grant
 			w.signal()
 			st.early = append(st.early[:i], st.early[i+1:]...)
 			return
@@ -203,9 +198,9 @@ func validity(d time.Duration) time.Duration { return d - d/40 - 5*time.Millisec
 // waiter is a goroutine waiting in Lock or LockContext.
 type waiter struct {
 	ev      chan struct{} // capacity 1: something happened, look again
-	entry   string        // its entry in the Redis queue; "" until queued
+	key     string        // its wait (see waitKey): what its entries' messages name
 	granted bool          // the queue handed it the lock (a grant message)
-	fence   int64         // the grant's fencing token
+	grant   grant         // that grant
 }
 
 func (w *waiter) signal() {
@@ -311,7 +306,6 @@ func (m *DistMutex) addHoldLocked(h *hold) {
 	st := m.c.stateLocked(m)
 	if m.reentrant {
 		st.holds = append(st.holds, h)
-		st.lastOwner = h
 	} else {
 		if !m.spec.multi {
 			// A mutex has one hold: one still listed was lost and never

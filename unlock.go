@@ -39,6 +39,10 @@ func (m *DistMutex) unlock(ctx context.Context, plain bool) error {
 		}
 		return m.wrapOp("unlock", ErrNotHeld)
 	}
+	// Every call on a hold keeps the options of the acquisition that made
+	// it (lease, minimum hold, renewal), whichever value of the name
+	// unlocks it.
+	m = h.m
 	if h.lostErr != nil {
 		c.mu.Unlock()
 		c.announce(news)
@@ -48,8 +52,8 @@ func (m *DistMutex) unlock(ctx context.Context, plain bool) error {
 	h.ending = want == 0
 	valid := h.valid
 	c.mu.Unlock()
-	res, sent, err := m.release(ctx, h, want, valid)
-	return m.settle(h, want, res, sent, err, plain)
+	out := m.release(ctx, h, want, valid)
+	return m.settle(h, want, out, plain)
 }
 
 // unlockEnded takes one of the Unlocks a lost hold is owed, reporting
@@ -67,7 +71,7 @@ func (m *DistMutex) unlockEnded(ctx context.Context, h *hold) error {
 	}
 	c.mu.Unlock()
 	if clear {
-		if err := rollback(ctx, c.be, &m.spec, h.owner); err != nil {
+		if err := rollback(ctx, c.be, &m.spec, h.owner, m.releaseArg(h, 0)); err != nil {
 			m.leftOver(h)
 		}
 	}
@@ -100,15 +104,15 @@ func (m *DistMutex) unheldLocked() string {
 // UnlockContext's returns at its context's end. The retries end by
 // unlockTimeout whatever Redis does: a call still out then is one whose
 // reply was lost, and the hold is dropped as after a failed release.
-func (m *DistMutex) release(ctx context.Context, h *hold, want int, valid time.Time) (int64, time.Time, error) {
+func (m *DistMutex) release(ctx context.Context, h *hold, want int, valid time.Time) released {
 	sent := time.Now()
 	lease := m.releaseArg(h, want)
 	res, err := m.c.be.release(ctx, &m.spec, h.owner, want, lease)
 	if err == nil || !transient(err) && !errors.Is(err, context.DeadlineExceeded) {
-		return res, sent, err
+		return released{res: res, sent: sent, err: err}
 	}
 	if ctx.Err() != nil {
-		return 0, sent, ctxErr(ctx, err)
+		return released{sent: sent, err: ctxErr(ctx, err)}
 	}
 	bctx, cancel := context.WithDeadline(ctx, sent.Add(unlockTimeout))
 	defer cancel()
@@ -117,7 +121,7 @@ func (m *DistMutex) release(ctx context.Context, h *hold, want int, valid time.T
 	for {
 		wait := bo.next()
 		if !time.Now().Add(wait).Before(retryUntil) {
-			return 0, sent, err
+			return released{sent: sent, err: err}
 		}
 		m.warnRetry("unlock", err)
 		t := time.NewTimer(wait)
@@ -130,13 +134,23 @@ func (m *DistMutex) release(ctx context.Context, h *hold, want int, valid time.T
 		res, err = m.c.be.release(bctx, &m.spec, h.owner, want, lease)
 		switch {
 		case err == nil || !transient(err) && bctx.Err() == nil:
-			return res, sent, err
+			return released{res: res, sent: sent, resent: true, err: err}
 		case ctx.Err() != nil:
-			return 0, sent, ctxErr(ctx, err)
+			return released{sent: sent, err: ctxErr(ctx, err)}
 		case bctx.Err() != nil:
-			return 0, sent, fmt.Errorf("no answer within %v (%w): %w", unlockTimeout, context.DeadlineExceeded, err)
+			return released{sent: sent, err: fmt.Errorf("no answer within %v (%w): %w", unlockTimeout, context.DeadlineExceeded, err)}
 		}
 	}
+}
+
+// released is the outcome of a release: its reply, or err, and the send
+// time of its last call; resent if an earlier call of it, whose outcome is
+// unknown, may have reached Redis.
+type released struct {
+	res    int64
+	sent   time.Time
+	resent bool
+	err    error
 }
 
 // releaseArg is the lease argument of the release of h down to want: for a
@@ -154,20 +168,24 @@ func (m *DistMutex) releaseArg(h *hold, want int) interface{} {
 
 // settle records the outcome of the release of h down to want.
 //
-// A final release that finds nothing, sent while the hold was still valid,
-// counts as done: it is a resend of a release that was applied (go-redis
-// resends a call whose reply was lost; release retries after an error), and
-// the hold was the caller's until the critical section ended, because
-// nothing else can end a valid hold but a loss the watchdog then reports.
-func (m *DistMutex) settle(h *hold, want int, res int64, sent time.Time, err error, plain bool) error {
+// A release that finds nothing of the hold tells that it ended before the
+// release: the owner token is the acquisition's own, so nothing but this
+// release (or an earlier copy of it) ends it, save a loss (the lease ran
+// out, ForceUnlock, the key deleted, a failover that lost it). The one
+// exception is a final release sent again after a call of it that failed
+// (its outcome unknown: it may have been applied, and only its reply lost),
+// while the hold was valid: that it finds nothing is the earlier call's
+// doing, and it counts as done.
+func (m *DistMutex) settle(h *hold, want int, out released, plain bool) error {
 	c := m.c
+	res, sent, err := out.res, out.sent, out.err
 	c.mu.Lock()
 	h.count = want
 	h.ending = false
 	var news []notice
 	switch {
 	case err != nil:
-	case res == releaseNotHeld && want == 0 && sent.Before(h.valid):
+	case res == releaseNotHeld && want == 0 && out.resent && sent.Before(h.valid):
 		res = releaseDone
 	case res == releaseNotHeld:
 		news = c.loseLocked(h, errHoldGone) // the loss itself, found by this call
@@ -195,7 +213,7 @@ func (m *DistMutex) settle(h *hold, want int, res int64, sent time.Time, err err
 		// The release may not have reached Redis (cut off, or failed): a
 		// release that follows it (see postCtx) frees the lock once Redis
 		// answers again, before it ends by its lease.
-		postRelease(context.Background(), c.be, &m.spec, h.owner)
+		postRelease(context.Background(), c.be, &m.spec, h.owner, m.releaseArg(h, 0))
 	}
 	c.announce(news)
 	switch {

@@ -25,6 +25,9 @@ type attempt struct {
 	entryOwner string
 	waitID     uint64 // names this wait's queue entry, with the owner
 	known      bool   // the entry is known queued (see acquire.lua)
+	prev       string // known: the entry as the latest answered call left it
+	at         int64  // the send time the entry of its next call names (see entryString)
+	again      bool   // the latest call got no answer: the next one names the same entry
 
 	watching    bool    // holds a reference to the lock's subscription
 	w           *waiter // the local waiter, once waiting
@@ -45,25 +48,31 @@ type attempt struct {
 func (m *DistMutex) initAttemptLocked(a *attempt, gid int64, try bool) {
 	c := m.c
 	*a = attempt{m: m, gid: gid, try: try, start: time.Now()}
-	st := c.locks[m.spec.hash()]
 	switch {
 	case m.pinnedOwnerLocked(a, gid):
 	case c.be.freshOwners():
 		// Set per call in acquire.
 		a.entryOwner = c.id + ":" + strconv.FormatInt(gid, 10)
-	case m.reentrant && st != nil && st.lastOwner != nil && st.lastOwner.gid == gid:
-		// The goroutine that held this lock last takes it again: reuse its
-		// owner token instead of building and boxing it anew. (Never its
-		// wait id: a grant for an entry of that id may still be on its way.)
-		a.owner = st.lastOwner.owner
-	case m.reentrant:
-		a.owner = c.id + ":" + strconv.FormatInt(gid, 10)
 	default:
-		a.owner = c.id + ":n" + strconv.FormatUint(c.nextSeqLocked(), 10)
+		a.owner = m.newOwnerLocked(gid)
 	}
 	if !try { // (TryLock never queues)
 		a.newWaitIDLocked()
 	}
+}
+
+// newOwnerLocked returns a new owner token for an acquisition of goroutine
+// gid: <client id>:<goroutine id>.<n> (NonReentrant: <client id>:n<n>),
+// with n a number the Client never gives again. Every acquisition (and
+// every try on a quorum) has a token of its own, so a call of an earlier
+// one, however late or often it reaches Redis (a resend, a release posted
+// behind a call cut off), finds nothing of a later one to change.
+func (m *DistMutex) newOwnerLocked(gid int64) string {
+	c := m.c
+	if !m.reentrant {
+		return c.id + ":n" + strconv.FormatUint(c.nextSeqLocked(), 10)
+	}
+	return c.id + ":" + strconv.FormatInt(gid, 10) + "." + strconv.FormatUint(c.nextSeqLocked(), 10)
 }
 
 // run takes the lock: one call that acquires it or queues the caller, then,
@@ -124,15 +133,23 @@ func (a *attempt) call(ctx context.Context) (reply, error) {
 		// A quorum gives back, in the background, what a failed try got
 		// late: a token per try keeps that from touching a later try.
 		c.mu.Lock()
-		a.owner = c.id + ":" + strconv.FormatInt(a.gid, 10) + "." + strconv.FormatUint(c.nextSeqLocked(), 10)
+		a.owner = m.newOwnerLocked(a.gid)
 		c.mu.Unlock()
 	}
 	a.heardAtSend = a.watching && isClosed(c.be.ready(m.spec.channel))
 	first := a.sent.IsZero()
 	a.sent = time.Now()
-	return c.be.acquire(ctx, &m.spec, acquireReq{
+	if !a.again && c.be.grants() {
+		// A new send time for the entry only once the previous call was
+		// answered: the entry of a call that got no answer may be queued as
+		// it named it, and the next call must find it (see enqueue.lua).
+		a.at = int64(a.sent.Sub(c.epoch) / time.Millisecond)
+	}
+	r, err := c.be.acquire(ctx, &m.spec, acquireReq{
 		owner: a.owner, want: a.permits, lease: m.spec.leaseArg, fence: m.spec.fence, place: a.place(), quick: first,
 	})
+	a.again = err != nil
+	return r, err
 }
 
 // place is where the attempt stands in the queue (see queuePlace).
@@ -140,14 +157,14 @@ func (a *attempt) place() queuePlace {
 	if a.try {
 		return queuePlace{} // (TryLock never queues)
 	}
-	return queuePlace{wait: a.waitID, arrival: a.start.UnixMilli(), owner: a.entryOwnerString(), known: a.known, permits: a.permits}
+	return queuePlace{wait: a.waitID, at: a.at, arrival: a.start.UnixMilli(), owner: a.entryOwnerString(), known: a.known, prev: a.prev, permits: a.permits}
 }
 
 // newWaitIDLocked gives the attempt a wait id of its own, and so a queue
 // entry no earlier grant can name.
 func (a *attempt) newWaitIDLocked() {
 	a.waitID = a.m.c.nextSeqLocked()
-	a.known = false
+	a.known, a.prev, a.again = false, "", false
 }
 
 // renewEntry is called when acquire says the attempt's queue entry is gone
@@ -163,10 +180,43 @@ func (a *attempt) renewEntry() {
 	a.entryChanged()
 }
 
-// entry is the attempt's queue entry (see entryString), its arrival when
-// the Lock began.
+// entry is the attempt's queue entry as its next call (or the latest, if it
+// got no answer) names it (see entryString), its arrival when the Lock
+// began.
 func (a *attempt) entry() string {
-	return entryString(&a.m.spec, a.waitID, a.start.UnixMilli(), a.permits, a.entryOwnerString())
+	return entryString(&a.m.spec, a.waitID, a.at, a.start.UnixMilli(), a.permits, a.entryOwnerString())
+}
+
+// entries are the attempt's entries that may be queued, for leave.lua: the
+// latest call's and the one the latest answered call left, if another
+// ("<entry>|<entry>").
+func (a *attempt) entries() string {
+	e := a.entry()
+	if a.prev == "" || a.prev == e {
+		return e
+	}
+	return a.prev + "|" + e
+}
+
+// key names the attempt's wait in the messages of its grants (see waitKey).
+func (a *attempt) key() string { return waitKey(a.waitID, a.entryOwnerString()) }
+
+// renewOwner gives the attempt an owner token and a wait of its own anew,
+// after it gave back a grant of the previous one: a later call or grant of
+// the same token could be undone by that give-back, however late it
+// arrives. (A quorum's tries have their own tokens; a read under the
+// goroutine's write hold keeps the write hold's.)
+func (a *attempt) renewOwner() {
+	if a.pinned || a.m.c.be.freshOwners() {
+		return
+	}
+	c := a.m.c
+	c.mu.Lock()
+	a.owner = a.m.newOwnerLocked(a.gid)
+	a.newWaitIDLocked()
+	c.mu.Unlock()
+	a.refreshed = time.Time{}
+	a.entryChanged()
 }
 
 // entryOwnerString is the owner its queue entries name: a quorum's names
@@ -178,15 +228,16 @@ func (a *attempt) entryOwnerString() string {
 	return ownerString(a.owner)
 }
 
-// entryChanged tells the local waiter, if any, the attempt's current entry.
+// entryChanged tells the local waiter, if any, the attempt's current wait:
+// a grant it has not taken yet was of an earlier one, and is dropped.
 func (a *attempt) entryChanged() {
 	if a.w == nil {
 		return
 	}
-	e := a.entry()
+	k := a.key()
 	c := a.m.c
 	c.mu.Lock()
-	a.w.entry = e
+	a.w.key, a.w.granted = k, false
 	if st := c.locks[a.m.spec.hash()]; st != nil {
 		st.claimEarlyLocked(a.w)
 	}
@@ -207,14 +258,16 @@ func (a *attempt) complete(ctx context.Context, fence int64, sent time.Time, d t
 	c.mu.Lock()
 	if c.draining || !now.Before(h.valid) {
 		// Closed meanwhile, or granted too late to be valid: given back by a
-		// call that follows this one (see postCtx), before any next call of
-		// the attempt's owner.
+		// call that follows this one (see postCtx). The give-back may reach
+		// Redis late, after any later call: the attempt goes on under an
+		// owner token of its own, which it cannot touch.
 		closed := c.draining
 		c.mu.Unlock()
-		postRelease(ctx, c.be, &m.spec, a.owner)
+		postRelease(ctx, c.be, &m.spec, a.owner, "0")
 		if closed {
 			return false, ErrClosed
 		}
+		a.renewOwner()
 		return false, nil
 	}
 	h.acquired = now
@@ -268,13 +321,13 @@ func (a *attempt) wait(ctx context.Context, r reply, err error) (_ bool, failed 
 			a.renewEntry() // and queue again at once
 		default:
 			a.note(r, err)
-			granted, fence, err := a.sleep(ctx)
+			granted, g, err := a.sleep(ctx)
 			a.granted = granted
 			if err != nil {
 				return a.giveUp(ctx, err)
 			}
 			if granted {
-				if held, err := a.claim(ctx, fence); held || err != nil {
+				if held, err := a.claim(ctx, g); held || err != nil {
 					return held, err
 				}
 			}
@@ -287,7 +340,7 @@ func (a *attempt) wait(ctx context.Context, r reply, err error) (_ bool, failed 
 // channel.
 func (a *attempt) enter() {
 	c := a.m.c
-	a.w = &waiter{ev: make(chan struct{}, 1), entry: a.entry()}
+	a.w = &waiter{ev: make(chan struct{}, 1), key: a.key()}
 	a.poll = backoff{first: 2 * time.Millisecond, limit: 100 * time.Millisecond}
 	a.splitBo = backoff{first: time.Millisecond, limit: 50 * time.Millisecond}
 	a.timer = time.NewTimer(time.Hour)
@@ -327,6 +380,7 @@ func (a *attempt) note(r reply, err error) {
 	if r.code == replyQueued {
 		a.refreshed, a.heard = a.sent, a.heardAtSend
 		if !a.m.c.be.freshOwners() {
+			a.prev = a.entry()
 			// From now on the entry is known queued: a call that finds it
 			// gone must not add it again (see renewEntry). (A quorum's
 			// entries, on servers that may not all have them, are never
@@ -339,22 +393,28 @@ func (a *attempt) note(r reply, err error) {
 	}
 }
 
+// grant is a queue grant a waiter took from a message: the fencing token,
+// and the send time the granted entry named (see entryString).
+type grant struct {
+	fence, at int64
+}
+
 // sleep waits for a message, the time to look again, or the end of the wait.
-// It reports a grant of the lock and its fencing token.
-func (a *attempt) sleep(ctx context.Context) (granted bool, fence int64, err error) {
+// It reports a grant of the lock.
+func (a *attempt) sleep(ctx context.Context) (granted bool, g grant, err error) {
 	c := a.m.c
 	select {
 	case <-ctx.Done():
-		return false, 0, ctx.Err()
+		return false, g, ctx.Err()
 	case <-c.stopping:
-		return false, 0, ErrClosed
+		return false, g, ErrClosed
 	default:
 	}
 	ready := c.be.ready(a.m.spec.channel)
 	if a.heard || c.be.polling() || a.lastErr != nil {
 		ready = nil // nothing to look again for when it is confirmed
 	} else if isClosed(ready) {
-		return false, 0, nil // confirmed since the call: a message may have been missed
+		return false, g, nil // confirmed since the call: a message may have been missed
 	}
 	a.timer.Reset(a.nextLook(ready == nil))
 	select {
@@ -362,13 +422,13 @@ func (a *attempt) sleep(ctx context.Context) (granted bool, fence int64, err err
 	case <-ready:
 	case <-a.w.ev:
 		c.mu.Lock()
-		granted, fence = a.w.granted, a.w.fence
+		granted, g = a.w.granted, a.w.grant
 		a.w.granted = false
 		c.mu.Unlock()
 	case <-ctx.Done():
-		return false, 0, ctx.Err()
+		return false, g, ctx.Err()
 	case <-c.stopping:
-		return false, 0, ErrClosed
+		return false, g, ErrClosed
 	}
 	if !a.timer.Stop() {
 		select {
@@ -377,9 +437,9 @@ func (a *attempt) sleep(ctx context.Context) (granted bool, fence int64, err err
 		}
 	}
 	if a.split && !granted {
-		return false, 0, a.holdOff(ctx)
+		return false, g, a.holdOff(ctx)
 	}
-	return granted, fence, nil
+	return granted, g, nil
 }
 
 // nextLook is how long to sleep before the next call: the backoff after an
@@ -414,16 +474,20 @@ func (a *attempt) holdOff(ctx context.Context) error {
 	}
 }
 
-// claim takes a lock the queue handed to the attempt. The grant came after
-// the entry's latest refresh, so it is valid for its claim lease from that
-// refresh's send time; the watchdog extends it to the full lease if the hold
-// outlives a third of that. Where the grant must be confirmed by replicas
-// (WithReplicaAck), or no refresh is known, the next call confirms it instead.
-func (a *attempt) claim(ctx context.Context, fence int64) (bool, error) {
-	if a.m.c.be.acked() || a.refreshed.IsZero() {
+// claim takes a lock the queue handed to the attempt. The grant names the
+// entry as the call that last wrote it left it, with that call's send time:
+// the grant came after it, so it is valid for its claim lease from then,
+// however late its message came, and whichever call of the wait (or copy of
+// one) wrote it; a grant past that is given back (see complete). The
+// watchdog extends it to the full lease if the hold outlives a third of
+// that. Where the grant must be confirmed by replicas (WithReplicaAck), the
+// next call confirms it instead.
+func (a *attempt) claim(ctx context.Context, g grant) (bool, error) {
+	if a.m.c.be.acked() {
 		return false, nil
 	}
-	return a.complete(ctx, fence, a.refreshed, a.m.spec.claim)
+	sent := a.m.c.epoch.Add(time.Duration(g.at) * time.Millisecond)
+	return a.complete(ctx, g.fence, sent, a.m.spec.claim)
 }
 
 // giveUp ends a wait that will not hold the lock, leaving nothing behind:
@@ -434,7 +498,7 @@ func (a *attempt) claim(ctx context.Context, fence int64) (bool, error) {
 // the queue, when nobody refreshes it), and a grant ends by its claim lease.
 func (a *attempt) giveUp(ctx context.Context, cause error) (bool, error) {
 	m := a.m
-	_ = m.c.be.leave(postCtx(ctx, max(m.spec.lease, time.Second)), &m.spec, a.owner, a.entry())
+	_ = m.c.be.leave(postCtx(ctx, max(m.spec.lease, time.Second)), &m.spec, a.owner, a.entries())
 	if ctx.Err() != nil && cause == ctx.Err() {
 		return false, ctxErr(ctx, a.lastErr)
 	}

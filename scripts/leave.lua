@@ -6,8 +6,9 @@
 -- ARGV = owner, entry, and the node's publish command (see queue.lua). Returns 1 if a
 -- grant was released, else 0.
 local hash, queue = KEYS[1], KEYS[3]
-local owner, entry = ARGV[1], ARGV[2]
-if type(redis.pcall('lrem', queue, 1, entry)) == 'table' then return 0 end
+local owner = ARGV[1]
+--#include unqueue.lua
+if not unqueued then return 0 end
 if redis.pcall('hexists', hash, owner) ~= 1 then return 0 end
 redis.call('hdel', hash, owner)
 if redis.call('exists', hash) == 1 then return 1 end

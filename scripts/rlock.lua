@@ -54,6 +54,7 @@ end
 local function take()
   add_reader(owner, lease)
   if entry then redis.call('lrem', queue, 1, entry) end
+  if prev then redis.call('lrem', queue, 1, prev) end -- (not rewritten yet: see place.lua)
   if fencing ~= '0' then return latest_fence() end
   return 0
 end

@@ -6,8 +6,9 @@
 -- KEYS = writer hash W, fence counter, queue, readers R (see rw.lua).
 -- ARGV = owner, entry, and the node's publish command (see queue.lua). Returns 1 if a
 -- grant was released, else 0.
-local owner, entry = ARGV[1], ARGV[2]
-if type(redis.pcall('lrem', KEYS[3], 1, entry)) == 'table' then return 0 end
+local owner = ARGV[1]
+--#include unqueue.lua
+if not unqueued then return 0 end
 
 --#include queue.lua
 --#include rw.lua

@@ -84,6 +84,7 @@ if (not head or head == entry) and total + tonumber(want) <= size then
   keep_size()
   add_holder(owner, want, lease, f)
   if entry then redis.call('lrem', queue, 1, entry) end
+  if prev then redis.call('lrem', queue, 1, prev) end -- (not rewritten yet: see place.lua)
   return f
 end
 local wait = soonest or 0

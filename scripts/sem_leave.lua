@@ -7,8 +7,9 @@
 -- ARGV = owner, entry, and the node's publish command (see queue.lua).
 -- Returns 1 if a grant was given back, else 0.
 local H, queue = KEYS[1], KEYS[3]
-local owner, entry = ARGV[1], ARGV[2]
-if type(redis.pcall('lrem', queue, 1, entry)) == 'table' then return 0 end
+local owner = ARGV[1]
+--#include unqueue.lua
+if not unqueued then return 0 end
 local released = 0
 if redis.pcall('hdel', H, owner) == 1 then released = 1 end
 if redis.call('exists', queue) == 0 then return released end

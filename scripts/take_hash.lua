@@ -4,5 +4,6 @@ local function take(f)
   redis.call('hset', hash, owner, want)
   redis.call('pexpire', hash, lease)
   if entry then redis.call('lrem', queue, 1, entry) end
+  if prev then redis.call('lrem', queue, 1, prev) end -- (not rewritten yet: see place.lua)
   return f
 end

@@ -178,7 +178,7 @@ func (o *holdOrder) passLocked(ev remutex.Event) {
 	}
 }
 
-// shortOwner shortens an owner token <client id>:<goroutine id> for logs:
+// shortOwner shortens an owner token <client id>:<goroutine id>.<n> for logs:
 // the first 8 hex digits of the client id identify it well enough.
 func shortOwner(owner string) string {
 	id, g, ok := strings.Cut(owner, ":")
