@@ -9,7 +9,9 @@
 //     sentinels), with the faults of a failover (a master killed or paused,
 //     its promotion awaited: [Sentinel.AwaitSwitch],
 //     [Cluster.AwaitPromotion]);
-//   - a TCP [Proxy] that holds, drops, delays or cuts traffic;
+//   - a TCP [Proxy] that holds, drops, delays or cuts traffic, and a
+//     [FaultProxy] that reads it as Redis requests and delivers the ones it
+//     is told to late, twice or never, or cuts one direction;
 //   - child processes that are the test binary re-executed in a role
 //     ([StartChild], [ChildRole], [Emit]);
 //   - a fenced [Register], on a redis-server, that logs the writes of a
