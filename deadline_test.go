@@ -94,10 +94,12 @@ func testDeadlines(t *testing.T, s stalled, opt func(*redis.Options)) {
 	name := lockName(t)
 	m := c.NewMutex(name)
 	held := c.NewMutex(name+"-held", NonReentrant())
+	plain := c.NewMutex(name+"-plain", NonReentrant()) // (any goroutine may unlock it)
 	if s.check != nil {
 		m.Lock() // warm up: connections, scripts
 		m.Unlock()
 		held.Lock()
+		plain.Lock()
 	}
 	s.stall()
 	defer s.resume()
@@ -134,9 +136,13 @@ func testDeadlines(t *testing.T, s stalled, opt func(*redis.Options)) {
 		defer cancel()
 		return wantDeadline(held.UnlockContext(ctx))
 	})
+	within(t, "Unlock", UnlockTimeout, func() error {
+		plain.Unlock()
+		return nil
+	})
 	s.resume()
 	// What the calls cut off may have done is undone once Redis answers.
-	for _, key := range []string{m.spec.hash(), m.spec.keys[2], held.spec.hash()} {
+	for _, key := range []string{m.spec.hash(), m.spec.keys[2], held.spec.hash(), plain.spec.hash()} {
 		waitFor(t, "no key "+key+" left behind", func() bool { return s.check.Exists(context.Background(), key).Val() == 0 })
 	}
 }

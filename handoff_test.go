@@ -181,3 +181,51 @@ func TestMessageBeforeWaiterRegistered(t *testing.T) {
 		})
 	}
 }
+
+// TestStaleGrantOfAnEarlierEntryState: a grant message that names the
+// waiter's entry as an earlier call left it (its claim ran out before the
+// message came: the waiter's outbound traffic was cut meanwhile, and the
+// lock moved on) is not taken, though the waiter still waits in that
+// entry's place and has refreshed it since: the claim counts from the
+// send time the message names, not from the latest refresh. Taking it
+// would let two holders in.
+func TestStaleGrantOfAnEarlierEntryState(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *testBackend) {
+		name := lockName(t)
+		k := keysOf(name)
+		ctx := context.Background()
+		rdb := b.rdb(t)
+		holder := b.client(t).NewMutex(name)
+		holder.Lock()
+		wc := b.client(t)
+		wm := wc.NewMutex(name)
+		w := goLock(t, wm)
+		var first string
+		waitFor(t, "the waiter in the queue", func() bool {
+			e := rdb.LRange(ctx, k.queue, 0, -1).Val()
+			if len(e) == 1 {
+				first = e[0]
+			}
+			return len(e) == 1
+		})
+		// The grant of that entry state would have lapsed by now: wait out
+		// a claim lease (the waiter refreshes its entry meanwhile).
+		<-time.After(wm.spec.claim + 50*time.Millisecond)
+		wc.dispatch(k.channel+wc.id, "g 0 "+first)
+		select {
+		case err := <-w.locked:
+			t.Fatalf("the waiter took a grant whose claim had run out (LockContext: %v) while another Client holds the lock", err)
+		case <-time.After(100 * time.Millisecond):
+		}
+		if got := holder.HoldCount(); got != 1 {
+			t.Fatalf("the holder's HoldCount after the stale grant: got %d, want 1", got)
+		}
+		if n := len(rdb.HKeys(ctx, k.hash).Val()); n != 1 {
+			t.Errorf("fields of the lock after the stale grant: got %d, want the holder's alone", n)
+		}
+		holder.Unlock()
+		require.NoError(t, await(t, w.locked, "the waiter to get the lock after the release"))
+		w.release()
+		require.NoError(t, await(t, w.unlocked, "the waiter to unlock"))
+	})
+}

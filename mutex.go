@@ -243,15 +243,20 @@ func (m *DistMutex) TryLockContext(ctx context.Context) (bool, error) {
 // final Unlock releases the lock and passes it on to the longest waiter.
 // Unlock of a mutex the goroutine (NonReentrant: anyone) does not hold panics
 // with "remutex: unlock of unlocked mutex" (the message says more). Unlock of
-// a hold that was lost does not panic: it reports ErrLockLost to the error
-// handler. Its release is sent as Lock's calls are (with the redis client's
-// own timeouts: UnlockContext bounds it by a context); transient errors are
-// then retried for at most a second (and never past the hold's validity),
-// and reported to the error handler. The hold is dropped locally either way;
-// a release that did not get through is sent again in the background, and
-// the lock expires within its lease if it never does.
+// a hold that was lost, before or as its release finds, does not panic: it
+// reports ErrLockLost to the error handler.
+//
+// Unlock returns within UnlockTimeout (1s) whatever Redis does (paused,
+// refusing connections, black-holed) and whatever the redis client's
+// timeouts and retries: transient errors are retried until then (never past
+// the hold's validity) and reported to the error handler. The hold is
+// dropped locally either way; a release that did not get through is sent
+// again in the background, and the lock expires within its lease if it
+// never does.
 func (m *DistMutex) Unlock() {
-	if err := m.unlock(context.Background(), true); err != nil {
+	ctx, cancel := context.WithTimeout(context.Background(), UnlockTimeout)
+	defer cancel()
+	if err := m.unlock(ctx, true); err != nil {
 		m.c.report(err)
 	}
 }

@@ -201,9 +201,12 @@ func (s *DistSemaphore) acquire(ctx context.Context, n int64, try bool) (*hold, 
 // holding at the latest); one that lowers a holding leaves Redis counting
 // the permits it gave back until the holding's next release or its end
 // (counts are absolute: the next one sets it right). It panics if n is negative or more than the value holds, counting
-// lost permits not released yet (x/sync panics likewise).
+// lost permits not released yet (x/sync panics likewise). It returns
+// within UnlockTimeout (1s) whatever Redis does, as DistMutex.Unlock.
 func (s *DistSemaphore) Release(n int64) {
-	if err := s.release(context.Background(), n, true); err != nil {
+	ctx, cancel := context.WithTimeout(context.Background(), UnlockTimeout)
+	defer cancel()
+	if err := s.release(ctx, n, true); err != nil {
 		s.m.c.report(err)
 	}
 }

@@ -11,10 +11,14 @@ import (
 // The release side of DistMutex: Unlock and UnlockContext lower a hold's
 // count, and the final one releases the lock and passes it on.
 
-// unlockTimeout bounds how long Unlock retries a release that meets
+// UnlockTimeout bounds Unlock (and Release, RUnlock): it returns within it
+// whatever Redis does, and the release goes on in the background.
+const UnlockTimeout = time.Second
+
+// unlockTimeout bounds how long a release retries a call that meets
 // transient errors (Redis unreachable): then it gives up, reports the error,
 // and the lock expires on the server within its lease.
-const unlockTimeout = time.Second
+const unlockTimeout = UnlockTimeout
 
 // unlock is the single implementation of Unlock and UnlockContext.
 func (m *DistMutex) unlock(ctx context.Context, plain bool) error {

@@ -201,6 +201,18 @@ func (a *attempt) entries() string {
 // key names the attempt's wait in the messages of its grants (see waitKey).
 func (a *attempt) key() string { return waitKey(a.waitID, a.entryOwnerString()) }
 
+// giveBack posts the release of a grant the attempt will not take, and,
+// for a wait, the leave of its entries (what the grant did not take from the
+// queue, the leave does): see postCtx.
+func (a *attempt) giveBack(ctx context.Context) {
+	m := a.m
+	if a.try || a.waitID == 0 || m.c.be.freshOwners() {
+		postRelease(ctx, m.c.be, &m.spec, a.owner, "0")
+		return
+	}
+	_ = m.c.be.leave(postCtx(ctx, max(m.spec.lease, time.Second)), &m.spec, a.owner, a.entries())
+}
+
 // renewOwner gives the attempt an owner token and a wait of its own anew,
 // after it gave back a grant of the previous one: a later call or grant of
 // the same token could be undone by that give-back, however late it
@@ -263,7 +275,7 @@ func (a *attempt) complete(ctx context.Context, fence int64, sent time.Time, d t
 		// owner token of its own, which it cannot touch.
 		closed := c.draining
 		c.mu.Unlock()
-		postRelease(ctx, c.be, &m.spec, a.owner, "0")
+		a.giveBack(ctx)
 		if closed {
 			return false, ErrClosed
 		}
