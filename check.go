@@ -438,6 +438,11 @@ func (n *node) checkPermissions(ctx context.Context, c *Client, sharded bool) (b
 		n.reloadAfter(err)
 		return []error{fmt.Errorf("remutex: the lock scripts (EVALSHA, EVAL) failed: %w", checkErr(err))}, nil
 	}
+	if refused := n.scriptsRefused(ctx); refused != "" {
+		// EVALSHA ran the loaded script; a server that lacks it (after a
+		// restart, SCRIPT FLUSH) gets it with EVAL.
+		broken = append(broken, fmt.Errorf("remutex: the user may not run the lock scripts (%s; sent where the server lacks them, after a restart or SCRIPT FLUSH; the ACL needs +evalsha and +eval, or +@scripting)", refused))
+	}
 	reply, _ := v.([]interface{})
 	if len(reply) > 0 {
 		refused, _ := reply[0].([]interface{})
