@@ -436,7 +436,7 @@ func (n *node) checkPermissions(ctx context.Context, c *Client, sharded bool) (b
 		return []error{fmt.Errorf("remutex: the user may not use keys under the key prefix %q (the ACL needs ~%s*): %w", c.prefix, c.prefix, err)}, nil
 	case err != nil:
 		n.reloadAfter(err)
-		return []error{fmt.Errorf("remutex: the lock scripts (EVALSHA, EVAL) failed: %w", checkErr(err))}, nil
+		return []error{placedAt("the lock scripts (EVALSHA, EVAL) failed", checkErr(err))}, nil
 	}
 	if refused := n.scriptsRefused(ctx); refused != "" {
 		// EVALSHA ran the loaded script; a server that lacks it (after a
