@@ -140,19 +140,20 @@ func CheckName(name string) error {
 // semaphore size that is not a non-negative integer, or a field of a
 // semaphore's holders hash that is not a holding (Type "foreign-field"), it
 // returns a *WrongTypeError. Otherwise it fails with ctx's error, ErrClosed
-// after Close, or the Redis error; errors are wrapped with the lock's name.
+// after Close, or the Redis error; errors are *LockErrors with Op
+// "inspect" (ForceUnlock's: "forceunlock") and the lock's name.
 // When Redis refused or failed the call, the LockInfo holds Name and Key
 // (the DistMutex's). On a Client made by NewQuorumClient it returns an
 // error matching errors.ErrUnsupported: inspect each server through a
 // NewClient of its own.
 func (c *Client) Inspect(ctx context.Context, name string) (LockInfo, error) {
-	t, err := c.checkAdmin(ctx, name)
+	t, err := c.checkAdmin(ctx, "inspect", name)
 	if err != nil {
 		return LockInfo{}, err
 	}
 	infos, err := c.be.inspect(ctx, t, true)
 	if err != nil {
-		return LockInfo{Name: name, Key: t.keys[0][0]}, lockError(name, err)
+		return LockInfo{Name: name, Key: t.keys[0][0]}, adminError("inspect", name, err)
 	}
 	return pickInfo(infos), nil
 }
@@ -185,15 +186,21 @@ func (c *Client) Inspect(ctx context.Context, name string) (LockInfo, error) {
 // released. On a Client made by NewQuorumClient it returns an error matching
 // errors.ErrUnsupported: release the lock through a NewClient per server.
 func (c *Client) ForceUnlock(ctx context.Context, name string, owners ...string) (released bool, err error) {
-	t, err := c.checkAdmin(ctx, name)
+	t, err := c.checkAdmin(ctx, "forceunlock", name)
 	if err != nil {
 		return false, err
 	}
 	released, err = c.be.forceUnlock(ctx, t, owners)
 	if err != nil {
-		return released, lockError(name, err)
+		return released, adminError("forceunlock", name, err)
 	}
 	return released, nil
+}
+
+// adminError is the error of the admin call op ("inspect" or
+// "forceunlock") on the lock called name.
+func adminError(op, name string, err error) error {
+	return &LockError{Lock: name, Op: op, Err: err}
 }
 
 // adminKind is one kind of lock as Inspect and ForceUnlock see it. Another
@@ -238,20 +245,21 @@ type adminTarget struct {
 	spec func(kind int, info *LockInfo, h Holder) *lockSpec
 }
 
-// checkAdmin checks an Inspect or ForceUnlock call and returns what it is
-// about: the keys of the locks called name, and how to release their holds.
-func (c *Client) checkAdmin(ctx context.Context, name string) (*adminTarget, error) {
+// checkAdmin checks an Inspect or ForceUnlock call (op, as LockError.Op
+// names it) and returns what it is about: the keys of the locks called
+// name, and how to release their holds.
+func (c *Client) checkAdmin(ctx context.Context, op, name string) (*adminTarget, error) {
 	if err := CheckName(name); err != nil {
 		return nil, err
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, lockError(name, err)
+		return nil, adminError(op, name, err)
 	}
 	c.mu.Lock()
 	closed := c.closed
 	c.mu.Unlock()
 	if closed {
-		return nil, lockError(name, ErrClosed)
+		return nil, adminError(op, name, ErrClosed)
 	}
 	t := &adminTarget{name: name, spec: func(kind int, info *LockInfo, h Holder) *lockSpec {
 		s := c.newSpec(name, mutexConfig{lease: DefaultLease}, adminKinds[kind].side(h))

@@ -151,8 +151,8 @@ type backend interface {
 	// inspect and forceUnlock serve Client.Inspect and Client.ForceUnlock.
 	inspect(ctx context.Context, t *adminTarget, subscribers bool) ([]LockInfo, error)
 	forceUnlock(ctx context.Context, t *adminTarget, owners []string) (bool, error)
-	// check serves Client.Check.
-	check(ctx context.Context, c *Client) error
+	// check serves Client.Check (only: just the servers, for Client.Servers).
+	check(ctx context.Context, c *Client, only bool) *checkReport
 	subscriptions
 }
 

@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -18,96 +21,365 @@ import (
 // with the server and its policy.
 var ErrEvictionPolicy = errors.New("remutex: maxmemory-policy may evict lock keys")
 
+// ErrDegraded matches the error of Client.Check when everything it found
+// wrong leaves the locks working, in a lesser way: today, a user that may
+// not SUBSCRIBE to (or PUBLISH on) the locks' channels, whose waiters poll
+// instead of hearing releases (slower hand-offs, more calls; see
+// docs/guarantees.md). The error wraps what is missing. When Check also
+// found something that breaks the locks, its error does not match
+// ErrDegraded.
+var ErrDegraded = errors.New("remutex: locks work, degraded")
+
+// The oldest servers remutex supports (and is tested on): Check refuses
+// older ones.
+var (
+	minRedis  = [2]int{6, 2}
+	minValkey = [2]int{7, 2}
+)
+
+// ServerInfo is a Redis server of a Client, as Servers found it.
+type ServerInfo struct {
+	Addr string // its address, as the redis client dials it
+	// Name is "Redis", "Valkey", or another server's name as it gives it;
+	// "" if the server did not tell (neither HELLO nor INFO answered).
+	Name string
+	// Version is the server's own version, e.g. "7.4.1" (a Valkey's, not
+	// the Redis version it is compatible with); "" if it did not tell.
+	Version string
+}
+
+// String reads "Valkey 8.0.1 at 127.0.0.1:6379".
+func (s ServerInfo) String() string {
+	name := strings.TrimSpace(s.Name + " " + s.Version)
+	if name == "" {
+		name = "a server of unknown version"
+	}
+	return name + " at " + s.Addr
+}
+
 var checkScript = loadScript("check")
 
 // Check checks, before the first lock, what would otherwise surface at a
 // running service's first Lock: that every Redis server of c answers and
 // speaks the Redis protocol, and that the redis client is authenticated;
-// that it loads the lock scripts (SCRIPT LOAD, where the user may run it:
-// else the scripts are sent in full on first use, as always); that the
-// redis client's user may run every command the locks use, on keys and
-// channels under c's key prefix (a script that runs each of them once, on
-// keys it removes again, and a SUBSCRIBE: see docs/deployments.md for the
-// ACL a lock user needs); and that no server's maxmemory-policy may evict
-// lock keys, where the user may read it (CONFIG GET; managed services often
-// refuse it, which Check does not count as a problem).
+// that each server is one remutex supports (Redis 6.2 or later, Valkey 7.2
+// or later: see Servers for what it found); that it loads the lock scripts
+// (SCRIPT LOAD, where the user may run it: else the scripts are sent in
+// full on first use, as always); that the redis client's user may run
+// every command the locks use, on keys and channels under c's key prefix (a
+// script that runs each of them once, on keys it removes again, and a
+// SUBSCRIBE: see docs/deployments.md for the ACL a lock user needs); and
+// that no server's maxmemory-policy may evict lock keys, where the user may
+// read it (CONFIG GET; managed services often refuse it, which Check does
+// not count as a problem).
 //
-// It returns nil, or the problems found joined with errors.Join, each
-// naming its server: an unreachable server, ErrAuthRequired, a server that
-// is not Redis, a command, key or channel the user may not use (the error
-// names it), ErrEvictionPolicy. On a Cluster it asks every master, and runs
-// the permission script on one of them. On a quorum Client it checks every
-// server: a quorum works with a minority of them down, Check reports them
-// all. It changes nothing but its own keys, and sends nothing to a lock.
+// It returns nil when the locks will work as documented. Otherwise its
+// error joins the problems found (errors.Join), each naming its server or
+// what the user lacks, and says which kind it found:
+//   - the locks will not work, or not safely: an unreachable server,
+//     ErrAuthRequired, a server that is not Redis or is older than the oldest
+//     supported, a command the lock scripts run or a key under the prefix
+//     the user may not use (the error names it), ErrEvictionPolicy;
+//   - the locks work, degraded: the error matches ErrDegraded (and only
+//     then), e.g. a user without channel access, whose waiters poll.
+//
+// A service that should start whenever its locks work tests for it:
+//
+//	if err := locks.Check(ctx); errors.Is(err, remutex.ErrDegraded) {
+//		log.Print(err) // works: e.g. waiters poll
+//	} else if err != nil {
+//		log.Fatal(err)
+//	}
+//
+// Check returns within about 50 ms of ctx's end, whatever the go-redis
+// options and whatever Redis does, with ctx's error wrapped with the server
+// that did not answer; what it was sending then goes on in the background
+// (Close waits for that call, bounded by the redis client's timeouts). It
+// returns ErrClosed after Close. On a Cluster it asks every master, and
+// runs the permission script on one of them; on a quorum Client it checks
+// every server (a quorum works with a minority of them down: Check reports
+// them all). It changes nothing but its own keys, and sends nothing to a
+// lock.
 func (c *Client) Check(ctx context.Context) error {
-	c.mu.Lock()
-	closed := c.closed
-	c.mu.Unlock()
-	if closed {
+	if c.isClosed() {
 		return ErrClosed
 	}
-	return c.be.check(ctx, c)
+	return c.be.check(ctx, c, false).err()
 }
 
-// check checks one deployment: see Client.Check.
-func (n *node) check(ctx context.Context, c *Client) error {
-	var errs []error
-	for _, srv := range n.servers(ctx) {
-		if err := srv.err; err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		if err := checkServer(ctx, srv.rdb); err != nil {
-			errs = append(errs, fmt.Errorf("remutex: server %s: %w", srv.rdb.Options().Addr, err))
-		}
+// Servers returns the Redis servers of c, with their names and versions:
+// one for a Client on one server (or a failover client), one per master of
+// a Cluster, each server of a quorum Client, in that order.
+// It asks each with HELLO, which every user may run (INFO server where
+// HELLO is refused). Like Check, it returns within about 50 ms of ctx's end
+// (with ctx's error), ErrClosed after Close, and the servers it could not
+// ask as errors naming them (the ServerInfo of those has only Addr).
+func (c *Client) Servers(ctx context.Context) ([]ServerInfo, error) {
+	if c.isClosed() {
+		return nil, ErrClosed
 	}
-	if len(errs) > 0 {
-		return errors.Join(errs...) // no use asking about permissions
-	}
-	if err := n.checkPermissions(ctx, c); err != nil {
-		return err
+	r := c.be.check(ctx, c, true)
+	return r.servers, errors.Join(r.broken...)
+}
+
+func (c *Client) isClosed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closed
+}
+
+// checkReport is what check found: the servers, what breaks the locks, and
+// what degrades them.
+type checkReport struct {
+	servers          []ServerInfo
+	broken, degraded []error
+}
+
+// err is the error Check returns for r.
+func (r *checkReport) err() error {
+	switch {
+	case len(r.broken) > 0:
+		return errors.Join(append(r.broken, r.degraded...)...)
+	case len(r.degraded) > 0:
+		return &degradedError{errs: r.degraded}
 	}
 	return nil
 }
 
-// server is one Redis server of a node, or why it could not be had.
-type server struct {
+// degradedError is Check's error when all it found degrades the locks: it
+// matches ErrDegraded.
+type degradedError struct{ errs []error }
+
+func (e *degradedError) Error() string        { return errors.Join(e.errs...).Error() }
+func (e *degradedError) Unwrap() []error      { return e.errs }
+func (e *degradedError) Is(target error) bool { return target == ErrDegraded }
+
+// placed is err with where it happened (a server, a quorum's member),
+// read with one "remutex: " in front, however many the layers.
+type placed struct {
+	where string
+	err   error
+}
+
+func placedAt(where string, err error) error { return &placed{where: where, err: err} }
+
+func (e *placed) Error() string {
+	return "remutex: " + e.where + ": " + strings.TrimPrefix(e.err.Error(), "remutex: ")
+}
+func (e *placed) Unwrap() error { return e.err }
+
+// check checks one deployment (see Client.Check; only: just the servers'
+// names and versions, for Client.Servers). Its conversation with Redis runs
+// as a job of the node's drainer, so that the caller returns when ctx
+// ends whatever go-redis does, as the lock calls do (see batcher); the job
+// stops at its next step once the caller is gone.
+func (n *node) check(ctx context.Context, c *Client, only bool) *checkReport {
+	sharded := false
+	if !only {
+		sharded = n.sharded(ctx) // (a job of its own: not from within ours)
+	}
+	var r *checkReport
+	err := n.batch.job(ctx, func(jctx context.Context) {
+		jctx, cancel := context.WithCancel(jctx)
+		defer cancel()
+		defer context.AfterFunc(ctx, cancel)()
+		r = n.checkNow(jctx, c, only, sharded)
+	})
+	if err != nil {
+		return &checkReport{broken: []error{placedAt(n.describe(), noAnswer(err))}}
+	}
+	return r
+}
+
+// noAnswer is the error of a check whose caller stopped waiting.
+func noAnswer(err error) error {
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		return fmt.Errorf("no answer before the context ended: %w", err)
+	}
+	return err
+}
+
+// describe names the node's servers for messages.
+func (n *node) describe() string {
+	switch r := n.rdb.(type) {
+	case *redis.Client:
+		return "server " + r.Options().Addr
+	case *redis.ClusterClient:
+		return "cluster " + strings.Join(r.Options().Addrs, ",")
+	}
+	return fmt.Sprintf("%T", n.rdb)
+}
+
+// checkNow is check's conversation with Redis, on the drainer.
+func (n *node) checkNow(ctx context.Context, c *Client, only, sharded bool) *checkReport {
+	r := &checkReport{}
+	for _, srv := range n.servers(ctx) {
+		if srv.err != nil {
+			r.broken = append(r.broken, srv.err)
+			continue
+		}
+		info, err := serverInfo(ctx, srv.rdb)
+		r.servers = append(r.servers, info)
+		where := "server " + info.Addr
+		if info.Name != "" {
+			where += " (" + info.Name + " " + info.Version + ")"
+		}
+		if err == nil && !only {
+			err = checkServer(ctx, srv.rdb, info)
+		}
+		if err != nil {
+			r.broken = append(r.broken, placedAt(where, err))
+		}
+	}
+	if len(r.broken) > 0 || only {
+		return r // no use asking about permissions
+	}
+	r.broken, r.degraded = n.checkPermissions(ctx, c, sharded)
+	return r
+}
+
+// checkTarget is one Redis server of a node, or why it could not be had.
+type checkTarget struct {
 	rdb *redis.Client
 	err error
 }
 
 // servers returns the servers a node's locks use: its one server, or every
 // master of a Cluster.
-func (n *node) servers(ctx context.Context) []server {
+func (n *node) servers(ctx context.Context) []checkTarget {
 	switch r := n.rdb.(type) {
 	case *redis.Client:
-		return []server{{rdb: r}}
+		return []checkTarget{{rdb: r}}
 	case *redis.ClusterClient:
-		var out []server
-		ch := make(chan *redis.Client, 1024)
+		var (
+			mu  sync.Mutex
+			out []checkTarget
+		)
 		err := r.ForEachMaster(ctx, func(_ context.Context, m *redis.Client) error {
-			ch <- m
+			mu.Lock()
+			defer mu.Unlock()
+			out = append(out, checkTarget{rdb: m})
 			return nil
 		})
-		close(ch)
-		for m := range ch {
-			out = append(out, server{rdb: m})
-		}
 		if err != nil || len(out) == 0 {
-			out = append(out, server{err: fmt.Errorf("remutex: cluster: %w", checkErr(err))})
+			out = append(out, checkTarget{err: placedAt(n.describe(), checkErr(err))})
 		}
 		return out
 	}
-	return []server{{err: fmt.Errorf("remutex: Check: a %T is not supported", n.rdb)}}
+	return []checkTarget{{err: fmt.Errorf("remutex: Check: a %T is not supported", n.rdb)}}
 }
 
-// checkServer pings one server, loads the scripts, and reads its
-// maxmemory-policy.
-func checkServer(ctx context.Context, rdb *redis.Client) error {
-	if err := rdb.Ping(ctx).Err(); err != nil {
-		return checkErr(err)
+// serverInfo asks a server its name and version: HELLO without arguments
+// (Redis 6 and later, any user: @connection), else INFO server. A server
+// that answers neither (an ACL user without INFO on a server without
+// HELLO) stays unnamed. The error is the server's failure to answer, or
+// that it is older than remutex supports.
+func serverInfo(ctx context.Context, rdb *redis.Client) (ServerInfo, error) {
+	info := ServerInfo{Addr: rdb.Options().Addr}
+	v, err := rdb.Do(ctx, "hello").Result()
+	if err == nil {
+		fields := helloFields(v)
+		info.Name, info.Version = serverName(fields["server"]), fields["version"]
+		return info, supported(info)
 	}
+	if !isRedisError(err) {
+		return info, checkErr(err)
+	}
+	text, ierr := rdb.Info(ctx, "server").Result()
+	if ierr != nil {
+		if !isRedisError(ierr) {
+			return info, checkErr(ierr)
+		}
+		return info, nil // neither: nothing to tell
+	}
+	fields := infoFields(text)
+	info.Name, info.Version = serverName(fields["server_name"]), fields["redis_version"]
+	if v := fields["valkey_version"]; v != "" {
+		info.Version = v
+	}
+	return info, supported(info)
+}
+
+// isRedisError reports an error reply of the server (as opposed to no
+// reply, or one that is not Redis's).
+func isRedisError(err error) bool {
+	var rerr redis.Error
+	return errors.As(err, &rerr) && !isProtocolError(err)
+}
+
+// helloFields decodes HELLO's reply: a map in RESP3, a flat array in RESP2.
+func helloFields(v interface{}) map[string]string {
+	out := map[string]string{}
+	switch v := v.(type) {
+	case map[interface{}]interface{}:
+		for k, x := range v {
+			out[fmt.Sprint(k)] = fmt.Sprint(x)
+		}
+	case []interface{}:
+		for i := 0; i+1 < len(v); i += 2 {
+			out[fmt.Sprint(v[i])] = fmt.Sprint(v[i+1])
+		}
+	}
+	return out
+}
+
+// infoFields decodes the "key:value" lines of an INFO reply.
+func infoFields(text string) map[string]string {
+	out := map[string]string{}
+	for _, line := range strings.Split(text, "\n") {
+		if k, v, ok := strings.Cut(strings.TrimSpace(line), ":"); ok {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+// serverName is the name a server gives itself, as people write it ("" for
+// none: a Redis before 7 has no server_name, and is Redis).
+func serverName(s string) string {
+	switch strings.ToLower(s) {
+	case "", "redis":
+		return "Redis"
+	case "valkey":
+		return "Valkey"
+	}
+	return s
+}
+
+// supported says why remutex does not support the server info names, or
+// nil. Servers that are neither Redis nor Valkey are judged by the Redis
+// version they give.
+func supported(info ServerInfo) error {
+	least, name := minRedis, "Redis"
+	if info.Name == "Valkey" {
+		least, name = minValkey, "Valkey"
+	}
+	v, ok := parseVersion(info.Version)
+	if !ok || v[0] > least[0] || v[0] == least[0] && v[1] >= least[1] {
+		return nil
+	}
+	return fmt.Errorf("%s %s is older than %s %d.%d, the oldest remutex supports (Redis %d.%d, Valkey %d.%d and later): upgrade the server",
+		info.Name, info.Version, name, least[0], least[1], minRedis[0], minRedis[1], minValkey[0], minValkey[1])
+}
+
+// parseVersion reads the major and minor numbers of "7.4.1".
+func parseVersion(s string) ([2]int, bool) {
+	parts := strings.SplitN(s, ".", 3)
+	if len(parts) < 2 {
+		return [2]int{}, false
+	}
+	major, err1 := strconv.Atoi(parts[0])
+	minor, err2 := strconv.Atoi(parts[1])
+	return [2]int{major, minor}, err1 == nil && err2 == nil
+}
+
+// checkServer loads the scripts into one server and reads its
+// maxmemory-policy.
+func checkServer(ctx context.Context, rdb *redis.Client, info ServerInfo) error {
 	for _, sc := range allScripts() {
+		if err := ctx.Err(); err != nil {
+			return noAnswer(err)
+		}
 		err := rdb.ScriptLoad(ctx, sc.src.(string)).Err()
 		if err != nil && !redis.HasErrorPrefix(err, "NOPERM") {
 			return fmt.Errorf("SCRIPT LOAD: %w", checkErr(err))
@@ -128,41 +400,92 @@ func checkErr(err error) error {
 	if err == nil {
 		return errors.New("no server")
 	}
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		return noAnswer(err)
+	}
 	return scriptError(err)
 }
 
+// checkSubscribeBound bounds check's SUBSCRIBE where its caller's context
+// has no deadline: go-redis waits for its reply without a timeout.
+const checkSubscribeBound = 10 * time.Second
+
 // checkPermissions runs check.lua and a SUBSCRIBE on keys and a channel of
-// c's prefix, naming what the user may not use.
-func (n *node) checkPermissions(ctx context.Context, c *Client) error {
+// c's prefix, naming what the user may not use: broken are the problems
+// that keep the locks from working, degraded those they work around.
+//
+// A refusal is classified by the reply's error code (NOPERM) and by asking
+// the server again, never by the message's text, which differs between
+// servers and versions: a NOPERM for the script call, where the user may
+// run scripts that touch no key, is about the keys.
+func (n *node) checkPermissions(ctx context.Context, c *Client, sharded bool) (broken, degraded []error) {
 	base := c.prefix + "{remutex-check." + c.id + "}"
 	channel := base + releasedInfix + c.id
 	pub := "publish"
-	if n.sharded(ctx) {
+	if sharded {
 		pub = "spublish"
 	}
-	v, err := n.evalOn(ctx, []interface{}{base, base + ":z", base + ":s", base + ":l"}, checkScript, pub, channel)
+	cl := &call{s: checkScript, keys: []interface{}{base, base + ":z", base + ":s", base + ":l"}, args: []interface{}{pub, channel}}
+	n.send(ctx, n.rdb, []*call{cl}, false, false)
+	v, err := cl.cmd.Result()
 	switch {
-	case err != nil && redis.HasErrorPrefix(err, "NOPERM") && strings.Contains(err.Error(), "keys"):
-		return fmt.Errorf("remutex: the user may not use keys under the key prefix %q (the ACL needs ~%s*): %w", c.prefix, c.prefix, err)
+	case err != nil && redis.HasErrorPrefix(err, "NOPERM"):
+		if refused := n.scriptsRefused(ctx); refused != "" {
+			return []error{fmt.Errorf("remutex: the user may not run the lock scripts (%s; the ACL needs +evalsha and +eval, or +@scripting): %w", refused, err)}, nil
+		}
+		return []error{fmt.Errorf("remutex: the user may not use keys under the key prefix %q (the ACL needs ~%s*): %w", c.prefix, c.prefix, err)}, nil
 	case err != nil:
-		return fmt.Errorf("remutex: the user may not run the lock scripts (EVALSHA, EVAL): %w", err)
+		n.reloadAfter(err)
+		return []error{placedAt("the lock scripts (EVALSHA, EVAL) failed", checkErr(err))}, nil
 	}
-	var errs []error
-	refused, _ := v.([]interface{})
-	for _, r := range refused {
-		errs = append(errs, fmt.Errorf("remutex: the lock scripts may not run %v (under the key prefix %q)", r, c.prefix))
+	if refused := n.scriptsRefused(ctx); refused != "" {
+		// EVALSHA ran the loaded script; a server that lacks it (after a
+		// restart, SCRIPT FLUSH) gets it with EVAL.
+		broken = append(broken, fmt.Errorf("remutex: the user may not run the lock scripts (%s; sent where the server lacks them, after a restart or SCRIPT FLUSH; the ACL needs +evalsha and +eval, or +@scripting)", refused))
 	}
-	if err := n.checkSubscribe(ctx, channel); err != nil {
-		errs = append(errs, fmt.Errorf("remutex: SUBSCRIBE %s (waiters poll instead of hearing releases): %w", channel, err))
+	reply, _ := v.([]interface{})
+	if len(reply) > 0 {
+		refused, _ := reply[0].([]interface{})
+		for _, r := range refused {
+			broken = append(broken, fmt.Errorf("remutex: the lock scripts may not run %v (under the key prefix %q)", r, c.prefix))
+		}
 	}
-	return errors.Join(errs...)
+	if len(reply) > 1 && reply[1] != nil {
+		degraded = append(degraded, fmt.Errorf("remutex: degraded: the lock scripts may not %s to %s (waiters poll instead of hearing releases; the ACL needs &%s*): %v", strings.ToUpper(pub), channel, c.prefix, reply[1]))
+	}
+	if err := n.checkSubscribe(ctx, channel, sharded); err != nil {
+		degraded = append(degraded, fmt.Errorf("remutex: degraded: the user may not SUBSCRIBE to %s (waiters poll instead of hearing releases; the ACL needs &%s*): %w", channel, c.prefix, err))
+	}
+	return broken, degraded
+}
+
+// scriptsRefused says which script commands the user may not run ("EVAL",
+// "EVALSHA", "EVALSHA and EVAL"), by the reply codes of a script that
+// touches no key and of an EVALSHA of a script nobody has (NOSCRIPT where
+// it may run it); "" where both are allowed.
+func (n *node) scriptsRefused(ctx context.Context) string {
+	var names []string
+	evalsha := n.rdb.Do(ctx, "evalsha", "0000000000000000000000000000000000000000", 0).Err()
+	if evalsha != nil && redis.HasErrorPrefix(evalsha, "NOPERM") {
+		names = append(names, "EVALSHA")
+	}
+	eval := n.rdb.Do(ctx, "eval", "return 1", 0).Err()
+	if eval != nil && redis.HasErrorPrefix(eval, "NOPERM") {
+		names = append(names, "EVAL")
+	}
+	return strings.Join(names, " and ")
 }
 
 // checkSubscribe subscribes to channel on a connection of its own, and
 // leaves it again.
-func (n *node) checkSubscribe(ctx context.Context, channel string) error {
+func (n *node) checkSubscribe(ctx context.Context, channel string, sharded bool) error {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, checkSubscribeBound)
+		defer cancel()
+	}
 	var ps *redis.PubSub
-	if cc, ok := n.rdb.(*redis.ClusterClient); ok && n.sharded(ctx) {
+	if cc, ok := n.rdb.(*redis.ClusterClient); ok && sharded {
 		ps = cc.SSubscribe(ctx, channel)
 	} else {
 		ps = n.rdb.Subscribe(ctx, channel)
@@ -172,13 +495,29 @@ func (n *node) checkSubscribe(ctx context.Context, channel string) error {
 	return err
 }
 
-// check checks every server of the quorum.
-func (q *quorum) check(ctx context.Context, c *Client) error {
-	var errs []error
+// check checks every server of the quorum, all at once: one that does not
+// answer holds up none of the others.
+func (q *quorum) check(ctx context.Context, c *Client, only bool) *checkReport {
+	reports := make([]*checkReport, len(q.nodes))
+	var wg sync.WaitGroup
 	for i, nd := range q.nodes {
-		if err := nd.check(ctx, c); err != nil {
-			errs = append(errs, fmt.Errorf("remutex: quorum server %d of %d: %w", i+1, len(q.nodes), err))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			reports[i] = nd.check(ctx, c, only)
+		}()
+	}
+	wg.Wait()
+	all := &checkReport{}
+	for i, r := range reports {
+		where := fmt.Sprintf("quorum server %d of %d", i+1, len(q.nodes))
+		all.servers = append(all.servers, r.servers...)
+		for _, err := range r.broken {
+			all.broken = append(all.broken, placedAt(where, err))
+		}
+		for _, err := range r.degraded {
+			all.degraded = append(all.degraded, placedAt(where, err))
 		}
 	}
-	return errors.Join(errs...)
+	return all
 }

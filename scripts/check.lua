@@ -6,7 +6,11 @@
 -- KEYS = a hash, a sorted set, a string and a list under the prefix, one
 -- slot.
 -- ARGV = the publish command ('publish' or 'spublish') and a channel under
--- the prefix. Returns, for each refused command, "<command>: <error>".
+-- the prefix. Returns the refused commands, each as "<command>: <error>",
+-- and the publish command's error (nil if it was not refused), apart: the
+-- lock scripts publish with pcall, and waiters that hear nothing poll, so
+-- a refused publish degrades the locks where a refused command breaks
+-- them.
 local h, z, s, l = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local refused = {}
 local function try(cmd, ...)
@@ -44,6 +48,10 @@ try('lpop', l)
 try('set', s, '1', 'px', '60000')
 try('get', s)
 try('incr', s)
-try(ARGV[1], ARGV[2], 'check')
 try('del', h, z, s, l)
-return refused
+local published = redis.pcall(ARGV[1], ARGV[2], 'check')
+local pub_err = false
+if type(published) == 'table' and published.err then
+  pub_err = published.err
+end
+return {refused, pub_err}

@@ -158,10 +158,18 @@ func (c *cli) connect(ctx context.Context) (redis.UniversalClient, error) {
 	if err != nil {
 		// Also when ctx ended: the caller tells why.
 		_ = rdb.Close()
+		if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) {
+			// The caller's bound passed (go-redis says "i/o timeout").
+			err = errNoAnswer
+		}
 		return nil, redisErr{fmt.Errorf("redis %s: %w", target, err)}
 	}
 	return rdb, nil
 }
+
+// errNoAnswer is connect's error when the server did not answer PING
+// before the caller's deadline (run's --wait).
+var errNoAnswer = errors.New("did not answer")
 
 // usageErr and redisErr classify errors for the exit status.
 type (

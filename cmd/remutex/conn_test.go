@@ -89,7 +89,8 @@ func TestRunPositional(t *testing.T) {
 		err     string
 	}{
 		{args: []string{"job", "--", "ls", "-l"}, name: "job", command: "ls -l"},
-		{args: []string{"job", "ls", "--", "x"}, name: "job", command: "ls -- x"},
+		{args: []string{"job", "ls", "--", "x"}, err: `"ls" between the lock name "job" and --`},
+		{args: []string{"job", "ls", "x"}, name: "job", command: "ls x"},
 		{args: []string{"job", "--", "--", "x"}, name: "job", command: "-- x"},
 		{args: nil, err: "no lock name"},
 		{args: []string{"job"}, err: "no command"},
@@ -121,8 +122,8 @@ func TestUsageErrors(t *testing.T) {
 		stderr string
 	}{
 		{[]string{"frobnicate"}, `unknown command "frobnicate"`},
-		{[]string{"--nope", "status", "x"}, `flag provided but not defined: -nope (see "remutex help")`},
-		{[]string{"status", "--nope", "x"}, `status: flag provided but not defined: -nope (see "remutex help status")`},
+		{[]string{"--nope", "status", "x"}, `flag provided but not defined: --nope (see "remutex help")`},
+		{[]string{"status", "--nope", "x"}, `status: flag provided but not defined: --nope (see "remutex help status")`},
 		{[]string{"run"}, "no lock name"},
 		{[]string{"run", "x"}, "no command"},
 		{[]string{"run", "--lease", "10ms", "x", "--", "true"}, "--lease 10ms"},

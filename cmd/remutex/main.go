@@ -137,6 +137,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"regexp"
 	"runtime/debug"
 	"strings"
 
@@ -333,10 +334,23 @@ func (c *cli) parsed(fs *flag.FlagSet, err error, usage func(io.Writer)) (code i
 
 // flagError is a bad flag of command name, with where to read about flags.
 func flagError(name string, err error) string {
+	msg := twoDashes(err.Error())
 	if name == "remutex" {
-		return fmt.Sprintf("%v (see \"remutex help\")", err)
+		return fmt.Sprintf("%s (see \"remutex help\")", msg)
 	}
-	return fmt.Sprintf("%s: %v (see \"remutex help %s\")", name, err, name)
+	return fmt.Sprintf("%s: %s (see \"remutex help %s\")", name, msg, name)
+}
+
+// flagNamed matches where the flag package's errors name a flag, with one
+// dash ("flag provided but not defined: -x", "flag needs an argument: -x",
+// `invalid value "v" for flag -x: ...`, `invalid boolean value "v" for
+// -x: ...`).
+var flagNamed = regexp.MustCompile(`^(flag provided but not defined: |flag needs an argument: |invalid value "(?:[^"\\]|\\.)*" for flag |invalid boolean value "(?:[^"\\]|\\.)*" for )-([^-])`)
+
+// twoDashes rewrites a flag package error to name the flag with two dashes,
+// as the documentation and users write flags (either form is accepted).
+func twoDashes(msg string) string {
+	return flagNamed.ReplaceAllString(msg, "${1}--${2}")
 }
 
 // errorf prints a message prefixed "remutex: " to stderr.

@@ -7,10 +7,12 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"net"
 	"os"
 	"os/exec"
 	"os/signal"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -204,7 +206,7 @@ func (cfg *runConfig) check(leaseSet bool) error {
 		return fmt.Errorf("--lease %v: must be between 50ms and 24h", cfg.lease)
 	case cfg.grace < 0:
 		return fmt.Errorf("--grace %v: must not be negative", cfg.grace)
-	case strings.ContainsAny(cfg.fenceEnv, "=\x00"):
+	case cfg.fenceEnv != "" && !validEnvName(cfg.fenceEnv):
 		return fmt.Errorf("--fence-env %q is not a variable name", cfg.fenceEnv)
 	case cfg.read && cfg.write:
 		return errors.New("--read and --write exclude each other (a read/write lock is taken for one or the other)")
@@ -283,7 +285,13 @@ func (c *cli) run(args []string) int {
 	}); !ok {
 		return code
 	}
-	if err := cfg.positional(fs.Args()); err != nil {
+	err := cfg.positional(fs.Args())
+	if endedByDashes(args, fs.Args()) {
+		// run -- COMMAND: the flag set took the "--", and the command's
+		// first word would be taken for NAME.
+		err = errors.New("no lock name before --")
+	}
+	if err != nil {
 		return c.usageError("run: %v (usage: remutex run [flags] NAME -- COMMAND [ARGS...])", err)
 	}
 	leaseSet := false
@@ -297,23 +305,64 @@ func (c *cli) run(args []string) int {
 	return c.runLocked(cfg)
 }
 
-// positional splits NAME [--] COMMAND [ARGS...].
+// positional splits NAME [--] COMMAND [ARGS...], the arguments after the
+// flags. Where a "--" follows NAME, it must follow it at once: anything
+// between them is a mistake (a name of two words, a flag after NAME), not
+// a command.
 func (cfg *runConfig) positional(args []string) error {
 	if len(args) == 0 {
 		return errors.New("no lock name")
 	}
 	cfg.name, args = args[0], args[1:]
-	switch {
+	switch i := slices.Index(args, "--"); {
 	case len(args) > 0 && args[0] == "--":
 		args = args[1:]
 	case len(args) > 0 && strings.HasPrefix(args[0], "-"):
 		return fmt.Errorf("%s after the lock name: flags go before NAME, and -- before the command", args[0])
+	case i > 0:
+		return fmt.Errorf("%q between the lock name %q and --: the command goes after --, flags before NAME", strings.Join(args[:i], " "), cfg.name)
 	}
 	if len(args) == 0 {
 		return errors.New("no command")
 	}
 	cfg.command = args
 	return nil
+}
+
+// waitBound is how long run may take before its command starts: --wait,
+// or TryLock's bound for --wait 0.
+func (cfg *runConfig) waitBound() time.Duration {
+	if cfg.wait.d == 0 {
+		return remutex.TryLockTimeout
+	}
+	return cfg.wait.d
+}
+
+// waitText names waitBound for messages.
+func (cfg *runConfig) waitText() string {
+	if cfg.wait.d == 0 {
+		return fmt.Sprintf("%v (--wait 0)", remutex.TryLockTimeout)
+	}
+	return fmt.Sprintf("--wait %v", cfg.wait.d)
+}
+
+// endedByDashes reports whether "--" ended the flags of args, rest being
+// what the flag set left of them.
+func endedByDashes(args, rest []string) bool {
+	n := len(args) - len(rest)
+	return n > 0 && args[n-1] == "--"
+}
+
+// validEnvName reports whether s is a portable environment variable name
+// (POSIX: letters, digits and '_', not starting with a digit).
+func validEnvName(s string) bool {
+	for i, r := range s {
+		ok := r == '_' || r >= 'A' && r <= 'Z' || r >= 'a' && r <= 'z' || i > 0 && r >= '0' && r <= '9'
+		if !ok {
+			return false
+		}
+	}
+	return s != ""
 }
 
 // runLocked takes the lock, runs the command, and releases the lock.
@@ -337,11 +386,22 @@ func (c *cli) runLocked(cfg runConfig) int {
 	// Until the command starts, a signal ends the connection attempt or the
 	// wait for the lock.
 	ctx, interrupted := watchSignals(sigs)
+	if cfg.wait.set {
+		// --wait bounds all that comes before the command, connecting too:
+		// a Redis that does not answer gets no longer than a busy lock.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, cfg.waitBound())
+		defer cancel()
+	}
 	rdb, err := c.connect(ctx)
 	if err != nil {
 		if sig := interrupted(); sig != nil {
 			c.errorf("%v while connecting to Redis", sig)
 			return 128 + signalNumber(sig)
+		}
+		if errors.Is(err, errNoAnswer) {
+			c.errorf("%v within %s; the command did not run", err, cfg.waitText())
+			return exitRedis
 		}
 		return c.fail(err)
 	}
@@ -424,9 +484,7 @@ func (c *cli) acquire(ctx context.Context, interrupted func() os.Signal, m runLo
 			err = context.DeadlineExceeded
 		}
 	default:
-		wctx, wcancel := context.WithTimeout(ctx, cfg.wait.d)
-		err = m.LockContext(wctx)
-		wcancel()
+		err = m.LockContext(ctx) // ctx ends with --wait (see runLocked)
 	}
 	if sig := interrupted(); sig != nil {
 		if err == nil {
@@ -439,7 +497,11 @@ func (c *cli) acquire(ctx context.Context, interrupted func() os.Signal, m runLo
 	case err == nil:
 		return 0, true
 	case errors.Is(err, context.DeadlineExceeded):
-		msg := c.busy(locks, cfg)
+		msg, answered := c.busy(locks, cfg)
+		if !answered {
+			c.errorf("lock %q: Redis did not answer within %s; the command did not run%s", cfg.name, cfg.waitText(), seen.describe())
+			return exitRedis, false
+		}
 		gaveUp := fmt.Sprintf("gave up after --wait %v", cfg.wait.d)
 		if cfg.wait.d == 0 {
 			gaveUp = "tried once (--wait 0)"
@@ -455,15 +517,27 @@ func (c *cli) acquire(ctx context.Context, interrupted func() os.Signal, m runLo
 }
 
 // busy says why lock cfg.name was not free, naming its holder if Redis
-// answers quickly (the wait is over already).
-func (c *cli) busy(locks *remutex.Client, cfg runConfig) string {
-	msg := fmt.Sprintf("lock %q is held", cfg.name)
+// answers quickly (the wait is over already); answered is false when Redis
+// did not answer in time, which is then the likelier reason.
+func (c *cli) busy(locks *remutex.Client, cfg runConfig) (msg string, answered bool) {
+	msg = fmt.Sprintf("lock %q is held", cfg.name)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	all, err := readStatus(ctx, locks, cfg.name)
 	if err != nil {
-		return msg
+		return msg, !errors.Is(err, context.DeadlineExceeded) && !isTimeout(err)
 	}
+	return c.busyWith(all, cfg, msg), true
+}
+
+// isTimeout reports a network timeout (go-redis's "i/o timeout").
+func isTimeout(err error) bool {
+	var nerr net.Error
+	return errors.As(err, &nerr) && nerr.Timeout()
+}
+
+// busyWith is busy's message for the status all read.
+func (c *cli) busyWith(all lockStatus, cfg runConfig, msg string) string {
 	st := all.ofKind(cfg.kind())
 	switch {
 	case st.Kind == kindSemaphore:

@@ -397,3 +397,80 @@ func TestRunSignalWhileConnecting(t *testing.T) {
 		t.Error("the command ran")
 	}
 }
+
+// TestRunArgumentUsageErrors: command lines that run would misread are
+// usage errors (status 64, one line, the command not run, Redis never
+// reached): a name forgotten before "--", anything between NAME and "--",
+// a --fence-env that is no environment variable name; and the flag
+// package's own errors name flags as users write them, with two dashes.
+func TestRunArgumentUsageErrors(t *testing.T) {
+	oneDash := regexp.MustCompile(`[ :]-[a-z]`)
+	t.Parallel()
+	ran := filepath.Join(t.TempDir(), "ran")
+	record := []string{"sh", "-c", `echo ran >> "$RAN"`}
+	tests := []struct {
+		args   []string
+		stderr string
+	}{
+		{append([]string{"run", "--"}, record...), "no lock name before --"},
+		{append([]string{"run", "--wait", "0", "--"}, record...), "no lock name before --"},
+		{append([]string{"run", "x", "y", "--"}, record...), `"y" between the lock name "x" and --`},
+		{append([]string{"run", "x", "y", "z", "--"}, record...), `"y z" between the lock name "x" and --`},
+		{append([]string{"run", "--fence-env", "1BAD", "x", "--"}, record...), `--fence-env "1BAD" is not a variable name`},
+		{append([]string{"run", "--fence-env", "A-B", "x", "--"}, record...), `--fence-env "A-B" is not a variable name`},
+		{append([]string{"run", "--fence-env", "A B", "x", "--"}, record...), `--fence-env "A B" is not a variable name`},
+		{[]string{"run", "--lease"}, "flag needs an argument: --lease"},
+		{[]string{"run", "--lease", "5", "x", "--", "true"}, `invalid value "5" for flag --lease: a duration needs a unit`},
+		{[]string{"run", "--nope", "x", "--", "true"}, "flag provided but not defined: --nope"},
+		{[]string{"--nope", "status", "x"}, "flag provided but not defined: --nope"},
+		{[]string{"run", "--read=maybe", "x", "--", "true"}, "for --read"},
+	}
+	for _, tt := range tests {
+		code, _, stderr := run(t, cliEnv("REDIS_ADDR=127.0.0.1:1", "RAN="+ran), "", tt.args...)
+		if code != exitUsage || !strings.Contains(stderr, tt.stderr) || strings.Count(stderr, "\n") != 1 {
+			t.Errorf("remutex %q: exit status %d, want %d with one line mentioning %q; stderr:\n%s", tt.args, code, exitUsage, tt.stderr, stderr)
+		}
+		if oneDash.MatchString(stderr) {
+			t.Errorf("remutex %q: a flag named with one dash: %s", tt.args, stderr)
+		}
+	}
+	if got := readFile(t, ran); got != "" {
+		t.Errorf("a command ran after a usage error: %q", got)
+	}
+	// A valid name with the fencing token still runs.
+	if code, _, stderr := run(t, cliEnv("REDIS_ADDR="+sharedRedis(t).addr()), "", "run", "--fence-env", "_TOKEN_2", lockName(t, "lock"), "--", "sh", "-c", `test -n "$_TOKEN_2"`); code != 0 {
+		t.Errorf("--fence-env _TOKEN_2: exit status %d, want 0; stderr:\n%s", code, stderr)
+	}
+}
+
+// TestRunWaitBoundsAPausedRedis: against a Redis that does not answer (a
+// paused server), run --wait 0 and --wait 1s give up within their bound
+// (TryLock's for --wait 0), with the Redis error status, saying that Redis
+// did not answer within it; the command does not run.
+func TestRunWaitBoundsAPausedRedis(t *testing.T) {
+	t.Parallel()
+	srv := startRedis(t)
+	srv.Signal(t, syscall.SIGSTOP)
+	t.Cleanup(func() { srv.Signal(t, syscall.SIGCONT) })
+	ran := filepath.Join(t.TempDir(), "ran")
+	for _, tt := range []struct {
+		wait  string
+		bound time.Duration
+		say   string
+	}{
+		{"0", remutex.TryLockTimeout, fmt.Sprintf("did not answer within %v (--wait 0)", remutex.TryLockTimeout)},
+		{"1s", time.Second, "did not answer within --wait 1s"},
+	} {
+		p := start(t, cliEnv("RAN="+ran), "", "--addr", srv.addr(), "run", "--wait", tt.wait, lockName(t, "lock"), "--", "sh", "-c", `echo ran > "$RAN"`)
+		// The slack is for a loaded machine; the bug it catches took 5s.
+		if code := p.wait(tt.bound + 2*time.Second); code != exitRedis {
+			t.Errorf("--wait %s against a paused Redis: exit status %d, want %d; stderr:\n%s", tt.wait, code, exitRedis, p.stderr())
+		}
+		if !strings.Contains(p.stderr(), tt.say) || !strings.Contains(p.stderr(), srv.addr()) {
+			t.Errorf("--wait %s against a paused Redis: stderr should say that Redis at %s %s; got:\n%s", tt.wait, srv.addr(), tt.say, p.stderr())
+		}
+	}
+	if readFile(t, ran) != "" {
+		t.Error("the command ran")
+	}
+}

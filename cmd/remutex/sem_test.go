@@ -265,7 +265,7 @@ func TestRunPermitsUsageErrors(t *testing.T) {
 		args   []string
 		stderr string
 	}{
-		{[]string{"--permits", "0"}, "invalid value \"0\" for flag -permits: want a whole number of permits from 1 to 2147483647"},
+		{[]string{"--permits", "0"}, "invalid value \"0\" for flag --permits: want a whole number of permits from 1 to 2147483647"},
 		{[]string{"--permits", "-1"}, "want a whole number of permits from 1 to"},
 		{[]string{"--permits", "2147483648"}, "want a whole number of permits from 1 to"},
 		{[]string{"--permits", "two"}, "want a whole number of permits from 1 to"},
