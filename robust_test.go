@@ -126,39 +126,7 @@ func newRobustEnv(t testing.TB, seed uint64, clients, workers int) *robustEnv {
 	env.oracle = NewClient(direct, WithLogger(quiet))
 	t.Cleanup(func() { _ = env.oracle.Close() })
 	for i := 1; i <= clients; i++ {
-		link := newRobustLink(env, env.server.addr())
-		env.links = append(env.links, link)
-		opt := &redis.Options{Addr: link.addr()}
-		var opts []string
-		switch r.IntN(3) {
-		case 1:
-			opt.ReadTimeout = 100 * time.Millisecond
-		case 2:
-			opt.ReadTimeout = 400 * time.Millisecond
-		}
-		if opt.ReadTimeout > 0 {
-			opts = append(opts, "ReadTimeout "+opt.ReadTimeout.String())
-		}
-		if r.IntN(2) == 0 {
-			opt.MaxRetries = -1
-			opts = append(opts, "MaxRetries -1")
-		}
-		rdb := redis.NewClient(opt)
-		t.Cleanup(func() { _ = rdb.Close() })
-		cl := &robustClient{idx: i}
-		who := fmt.Sprintf("c%d", i)
-		cl.c = NewClient(rdb, WithLogger(quiet), WithErrorHandler(func(err error) {
-			cl.errs.Add(1)
-			env.hist.log(who, "error handler: %v", err)
-		}))
-		t.Cleanup(func() { _ = cl.c.Close() })
-		cfg := env.cfg
-		cl.m[0] = mutexLocker("mutex m", "m.A", cl.c.NewMutex("m", WithLease(cfg.leaseA), WithFencing()), 0)
-		cl.m[1] = mutexLocker("mutex m", "m.B", cl.c.NewMutex("m", WithLease(cfg.leaseB), WithFencing()), 0)
-		cl.mh = mutexLocker("mutex mh", "mh", cl.c.NewMutex("mh", WithLease(cfg.leaseMH), WithMinHold(cfg.minHold), WithFencing()), cfg.minHold)
-		cl.rw, cl.rr = rwLockers("rwmutex rw", cl.c.NewRWMutex("rw", WithLease(cfg.leaseRW), WithFencing()))
-		env.clients = append(env.clients, cl)
-		env.hist.log("setup", "c%d: go-redis options %v", i, opts)
+		env.clients = append(env.clients, env.newClient(i, r, quiet))
 	}
 	return env
 }
@@ -173,6 +141,45 @@ type stderrRedisLog struct{ l *log.Logger }
 
 func (l stderrRedisLog) Printf(_ context.Context, format string, v ...any) {
 	_ = l.l.Output(2, fmt.Sprintf(format, v...))
+}
+
+// newClient makes Client i with its link, go-redis options chosen by
+// r, and the lock values its workers share.
+func (env *robustEnv) newClient(i int, r *rand.Rand, quiet *slog.Logger) *robustClient {
+	t := env.t
+	link := newRobustLink(env, env.server.addr())
+	env.links = append(env.links, link)
+	opt := &redis.Options{Addr: link.addr()}
+	var opts []string
+	switch r.IntN(3) {
+	case 1:
+		opt.ReadTimeout = 100 * time.Millisecond
+	case 2:
+		opt.ReadTimeout = 400 * time.Millisecond
+	}
+	if opt.ReadTimeout > 0 {
+		opts = append(opts, "ReadTimeout "+opt.ReadTimeout.String())
+	}
+	if r.IntN(2) == 0 {
+		opt.MaxRetries = -1
+		opts = append(opts, "MaxRetries -1")
+	}
+	rdb := redis.NewClient(opt)
+	t.Cleanup(func() { _ = rdb.Close() })
+	cl := &robustClient{idx: i}
+	who := fmt.Sprintf("c%d", i)
+	cl.c = NewClient(rdb, WithLogger(quiet), WithErrorHandler(func(err error) {
+		cl.errs.Add(1)
+		env.hist.log(who, "error handler: %v", err)
+	}))
+	t.Cleanup(func() { _ = cl.c.Close() })
+	cfg := env.cfg
+	cl.m[0] = mutexLocker("mutex m", "m.A", cl.c.NewMutex("m", WithLease(cfg.leaseA), WithFencing()), 0)
+	cl.m[1] = mutexLocker("mutex m", "m.B", cl.c.NewMutex("m", WithLease(cfg.leaseB), WithFencing()), 0)
+	cl.mh = mutexLocker("mutex mh", "mh", cl.c.NewMutex("mh", WithLease(cfg.leaseMH), WithMinHold(cfg.minHold), WithFencing()), cfg.minHold)
+	cl.rw, cl.rr = rwLockers("rwmutex rw", cl.c.NewRWMutex("rw", WithLease(cfg.leaseRW), WithFencing()))
+	env.hist.log("setup", "c%d: go-redis options %v", i, opts)
+	return cl
 }
 
 // count adds a call's outcome to the statistics.

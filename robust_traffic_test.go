@@ -257,17 +257,26 @@ func (w *robustWorker) acquire(l robustLocker) bool {
 		}
 	}
 	invoke, ret, err := w.call(call, f)
-	w.env.count(call, err)
-	if err != nil {
-		w.env.hist.log(w.who, "%s -> %v", call, err)
-		var p *robustPanic
-		if errors.As(err, &p) {
-			w.env.hist.violation("panic", w.who, "%s: %v", call, err)
-		}
+	if !w.acquired(call, err) {
 		return false
 	}
 	w.took(l, call, invoke, ret, l.lost(), l.fence(), 0)
 	return true
+}
+
+// acquired counts and records the outcome of an acquiring call, and
+// reports whether it took anything.
+func (w *robustWorker) acquired(call string, err error) bool {
+	w.env.count(call, err)
+	if err == nil {
+		return true
+	}
+	w.env.hist.log(w.who, "%s -> %v", call, err)
+	var p *robustPanic
+	if errors.As(err, &p) {
+		w.env.hist.violation("panic", w.who, "%s: %v", call, err)
+	}
+	return false
 }
 
 // took records a successful acquisition: a nested one if it kept the hold
@@ -353,9 +362,22 @@ func errText(err error) string {
 // semSession takes permits of the worker's semaphore value, works, and
 // gives them back.
 func (w *robustWorker) semSession(stop <-chan struct{}) {
-	s := w.sem
-	l := robustLocker{res: "semaphore sem", label: "sem", name: s.Name(), mode: modePermits}
+	l := robustLocker{res: "semaphore sem", label: "sem", name: w.sem.Name(), mode: modePermits}
 	n := 1 + w.r.Int64N(2)
+	if !w.semAcquire(l, n) {
+		return
+	}
+	w.work(stop)
+	e := w.stacks[l.res][0]
+	w.probe(l, e, "before the release")
+	w.env.hist.releasing(e.hold)
+	w.semRelease(e, n)
+	w.stacks[l.res] = nil
+}
+
+// semAcquire takes n permits by a random form and records the outcome.
+func (w *robustWorker) semAcquire(l robustLocker, n int64) bool {
+	s := w.sem
 	var call string
 	var f func() error
 	switch w.r.IntN(3) {
@@ -388,20 +410,19 @@ func (w *robustWorker) semSession(stop <-chan struct{}) {
 		}
 	}
 	invoke, ret, err := w.call(call, f)
-	w.env.count(call, err)
-	if err != nil {
-		w.env.hist.log(w.who, "%s -> %v", call, err)
-		var p *robustPanic
-		if errors.As(err, &p) {
-			w.env.hist.violation("panic", w.who, "%s: %v", call, err)
-		}
-		return
+	if !w.acquired(call, err) {
+		return false
 	}
 	w.took(l, call, invoke, ret, s.Lost(), s.Fence(), n)
-	w.work(stop)
-	e := w.stacks[l.res][0]
-	w.probe(l, e, "before the release")
-	w.env.hist.releasing(e.hold)
+	return true
+}
+
+// semRelease gives back the n permits of e by a random form and records
+// the outcome.
+func (w *robustWorker) semRelease(e *robustEntry, n int64) {
+	s := w.sem
+	var call string
+	var f func() error
 	if w.r.IntN(2) == 0 {
 		call = fmt.Sprintf("sem.Release(%d)", n)
 		f = func() error { s.Release(n); return nil }
@@ -414,9 +435,8 @@ func (w *robustWorker) semSession(stop <-chan struct{}) {
 		call = fmt.Sprintf("sem.ReleaseContext(%s, %d)", d, n)
 		f = func() error { return s.ReleaseContext(ctx, n) }
 	}
-	_, _, err = w.call(call, f)
+	_, _, err := w.call(call, f)
 	w.env.count(call, err)
-	w.stacks[l.res] = nil
 	if e.stop != nil {
 		e.stop()
 	}
