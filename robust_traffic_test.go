@@ -448,7 +448,7 @@ func (w *robustWorker) semRelease(e *robustEntry, n int64) {
 // through the run's fault-free Client; a difference while the hold's Lost
 // stays open (for the grace) is recorded.
 func (w *robustWorker) probe(l robustLocker, e *robustEntry, when string) {
-	if l.mode == modeShared || e.hold.ambiguous || l.ignoreLost || closedNow(e.lost) {
+	if e.hold.ambiguous || l.ignoreLost || closedNow(e.lost) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -494,10 +494,23 @@ func probeMismatch(l robustLocker, e *robustEntry, info LockInfo) (msg, count st
 		return "", ""
 	}
 	var held []Holder
+	readers := 0
 	for _, h := range info.Holders {
-		if !h.Read && !h.Kept {
+		switch {
+		case h.Read:
+			readers++
+		case !h.Kept:
 			held = append(held, h)
 		}
+	}
+	if l.mode == modeShared {
+		switch {
+		case len(held) > 0:
+			return fmt.Sprintf("Redis has a writer (%s, fence %d) beside this read hold", held[0].Owner, info.Fence), ""
+		case readers == 0:
+			return "Redis has no reader", ""
+		}
+		return "", ""
 	}
 	switch {
 	case len(held) == 0:
@@ -506,6 +519,8 @@ func probeMismatch(l robustLocker, e *robustEntry, info LockInfo) (msg, count st
 		return fmt.Sprintf("Redis handed out fence %d since the hold's %d (holder %s)", info.Fence, fence, held[0].Owner), ""
 	case len(held) > 1:
 		return fmt.Sprintf("Redis has %d holders", len(held)), ""
+	case readers > 0:
+		return fmt.Sprintf("Redis has %d readers beside this write hold", readers), ""
 	case held[0].Count != e.count:
 		return "", fmt.Sprintf("Redis counts %d, the worker %d", held[0].Count, e.count)
 	}

@@ -36,7 +36,10 @@ import (
 //   - Outcomes against Redis: right after an acquisition and before its
 //     release the worker asks Redis through a fault-free Client (Inspect)
 //     whether the hold it believes in is the one Redis has (same fence,
-//     same count); a mismatch while its Lost stays open is a violation.
+//     no other holder; a reader: no writer); a mismatch while its Lost
+//     stays open is a violation (a differing hold count is only logged:
+//     counts are absolute, and a cut-off nested call may leave Redis one
+//     ahead until the next call sets it).
 //     Calls that report what cannot be (ErrNotHeld or a panic for a hold
 //     the goroutine has) are violations too.
 //   - Liveness at the end: once faults are healed and every worker has
