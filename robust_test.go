@@ -182,6 +182,12 @@ func (env *robustEnv) newClient(i int, r *rand.Rand, quiet *slog.Logger) *robust
 	return cl
 }
 
+// robustStats counts calls by form and outcome.
+type robustStats struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
 // count adds a call's outcome to the statistics.
 func (env *robustEnv) count(call string, err error) {
 	form := call

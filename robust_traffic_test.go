@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -525,10 +524,4 @@ func probeMismatch(l robustLocker, e *robustEntry, info LockInfo) (msg, count st
 		return "", fmt.Sprintf("Redis counts %d, the worker %d", held[0].Count, e.count)
 	}
 	return "", ""
-}
-
-// robustStats counts calls by form and outcome.
-type robustStats struct {
-	mu sync.Mutex
-	n  map[string]int
 }

@@ -586,8 +586,9 @@ func TestRobustChecker(t *testing.T) {
 	}
 }
 
-// robustSection is how long the second holder of TestRobustCheckerCatches
-// holds: longer than the grace, so that an overlap is a violation.
+// robustSection is how long the second holder of
+// TestRobustCheckerCatchesIgnoredLost holds: longer than the grace, so that
+// an overlap is a violation.
 const robustSection = 100 * time.Millisecond
 
 // TestRobustCheckerCatchesIgnoredLost runs the checker on a real history:
