@@ -153,6 +153,9 @@ type backend interface {
 	forceUnlock(ctx context.Context, t *adminTarget, owners []string) (bool, error)
 	// check serves Client.Check (only: just the servers, for Client.Servers).
 	check(ctx context.Context, c *Client, only bool) *checkReport
+	// close stops it; calls still out at deadline are ended (see
+	// batcher.close).
+	close(deadline time.Time)
 	subscriptions
 }
 
@@ -166,7 +169,6 @@ type subscriptions interface {
 	ready(channel string) <-chan struct{}
 	// polling reports that SUBSCRIBE was denied: waiters poll.
 	polling() bool
-	close()
 }
 
 // parseReply decodes the reply of acquire.lua (wlock.lua, rlock.lua): the

@@ -52,6 +52,10 @@ type batcher struct {
 	drainer bool       // the drainer goroutine is running
 	closed  bool       // after close, calls are refused (ErrClosed)
 	wg      sync.WaitGroup
+	// stopped ends the calls the drainer has out (their contexts' base),
+	// once close has waited long enough for them; stop ends it.
+	stopped context.Context
+	stop    context.CancelFunc
 }
 
 // pending is one queued call (or job) and what its caller waits on.
@@ -302,7 +306,7 @@ func (p *pending) failed() bool {
 // round sends a round's calls as one pipeline, then runs its jobs.
 func (b *batcher) round(ps []*pending, calls []*call) {
 	if len(calls) > 0 {
-		ctx, cancel := batchContext(ps)
+		ctx, cancel := b.batchContext(ps)
 		if looks := b.looks(calls); looks != nil {
 			b.lookTogether(ctx, calls, looks)
 		} else {
@@ -312,7 +316,7 @@ func (b *batcher) round(ps []*pending, calls []*call) {
 	}
 	for _, p := range ps {
 		if p.job != nil {
-			ctx, cancel := jobContext(p)
+			ctx, cancel := b.jobContext(p)
 			p.job(ctx)
 			cancel()
 		}
@@ -426,8 +430,8 @@ func (p *pending) add(ps []*pending, calls []*call) ([]*pending, []*call) {
 // values, not its cancellation, and ends at the latest of the callers'
 // deadlines (with no deadline if one has none), so that a server that does
 // not answer holds up no longer than its callers would have waited.
-func batchContext(ps []*pending) (context.Context, context.CancelFunc) {
-	ctx := context.WithoutCancel(ps[0].ctx)
+func (b *batcher) batchContext(ps []*pending) (context.Context, context.CancelFunc) {
+	ctx := b.detach(ps[0].ctx)
 	var latest time.Time
 	for _, p := range ps {
 		if p.until.IsZero() {
@@ -443,25 +447,62 @@ func batchContext(ps []*pending) (context.Context, context.CancelFunc) {
 // jobContext is the context a job runs with: its caller's values and
 // deadline, not its cancellation (a job cut off half way would leave a grant
 // nobody rolls back).
-func jobContext(p *pending) (context.Context, context.CancelFunc) {
+func (b *batcher) jobContext(p *pending) (context.Context, context.CancelFunc) {
 	if !p.until.IsZero() {
-		return context.WithDeadline(context.WithoutCancel(p.ctx), p.until)
+		return context.WithDeadline(b.detach(p.ctx), p.until)
 	}
-	return context.WithoutCancel(p.ctx), func() {}
+	return b.detach(p.ctx), func() {}
 }
+
+// detach returns a context with ctx's values, and neither its deadline nor
+// its cancellation but the batcher's stop (see close).
+func (b *batcher) detach(ctx context.Context) context.Context {
+	return detached{Context: b.stopped, values: ctx}
+}
+
+// detached is a context whose values are another's.
+type detached struct {
+	context.Context
+	values context.Context
+}
+
+func (d detached) Value(key any) any { return d.values.Value(key) }
+
+// AfterFunc lets a context made from d (WithDeadline) hear of its stop
+// without a goroutine of its own (see context.AfterFunc).
+func (d detached) AfterFunc(f func()) func() bool { return context.AfterFunc(d.Context, f) }
 
 // close stops the batcher: later calls get ErrClosed, and close waits for
 // the drainer to send what is queued (the leaves and releases that waiters
-// and holders posted when the Client closed among them).
-func (b *batcher) close() {
+// and holders posted when the Client closed among them) until deadline.
+// Then it ends the calls still out (a Redis that refuses connections or does
+// not answer), and waits for the drainer to see them end: at once for a
+// call that waits to connect or to retry; a call blocked reading a reply
+// ends by the redis client's read timeout, which go-redis applies instead
+// of the context unless ContextTimeoutEnabled.
+func (b *batcher) close(deadline time.Time) {
 	b.mu.Lock()
 	b.closed = true
 	b.mu.Unlock()
-	b.wg.Wait()
+	done := make(chan struct{})
+	go func() { // (joined below: it ends with the drainer)
+		b.wg.Wait()
+		close(done)
+	}()
+	t := time.NewTimer(time.Until(deadline))
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		b.stop()
+		<-done
+	}
+	b.stop()
 }
 
-// close stops the node: its coalescing of calls, then its subscriptions.
-func (n *node) close() {
-	n.batch.close()
+// close stops the node: its coalescing of calls (see batcher.close), then
+// its subscriptions.
+func (n *node) close(deadline time.Time) {
+	n.batch.close(deadline)
 	n.subscriber.close()
 }

@@ -211,9 +211,18 @@ func isNil(v interface{}) bool {
 	return rv.Kind() == reflect.Pointer && rv.IsNil()
 }
 
+// CloseTimeout bounds Close (see there).
+const CloseTimeout = time.Second
+
 // Close stops the Client at once: its watchdog and pub/sub goroutines are
-// stopped and joined before Close returns (with a call in flight to a
-// server that does not answer, after the redis client's timeouts). Holds
+// stopped and joined before Close returns. It returns within CloseTimeout
+// (1s) whatever Redis does: the releases and leaves that the Client's
+// waiters posted are sent until then, and calls still out are then ended;
+// one blocked reading from a server that stopped answering ends by the
+// redis client's ReadTimeout (go-redis reads obey contexts only with
+// ContextTimeoutEnabled), which then adds to the bound. A call still out
+// on its caller's goroutine (Lock, Unlock) is not waited for past half the
+// bound: what it may get ends by its lease on the server. Holds
 // still held become lost (their Lost channels and contexts end, Unlock
 // reports ErrLockLost and never panics) and expire on the server within
 // their lease: Close does not delete them, so no other holder enters while
@@ -236,10 +245,17 @@ func (c *Client) Close() error {
 	settled := c.settled
 	c.mu.Unlock()
 	// The acquisitions under way stop at once, each posting what leaves
-	// the queue; the node sends those before it closes.
-	<-settled
+	// the queue; the node sends those before it closes. One whose call is
+	// still out on its caller's goroutine (Lock, Unlock) is not waited for
+	// past half the bound: what it may have got ends by its lease.
+	t := time.NewTimer(CloseTimeout / 2)
+	select {
+	case <-settled:
+	case <-t.C:
+	}
+	t.Stop()
 	c.wd.stop()
-	c.be.close()
+	c.be.close(time.Now().Add(CloseTimeout / 2))
 	c.announce(lost)
 	return nil
 }

@@ -401,3 +401,34 @@ func (f *releaseCuts) hook() redis.Hook {
 		},
 	}
 }
+
+// TestCloseBounded: Close returns within CloseTimeout while a Lock and a
+// LockContext wait on an address that refuses connections (each call then
+// spends go-redis's dial retries), whatever the go-redis options.
+func TestCloseBounded(t *testing.T) {
+	for _, opts := range optionSets {
+		t.Run(opts.name, func(t *testing.T) {
+			t.Parallel()
+			s := stalls()["refusing"](t)
+			o := &redis.Options{Addr: s.addr}
+			opts.set(o)
+			c := clientOn(t, newRDB(t, o))
+			name := lockName(t)
+			go func() {
+				c.NewMutex(name).Lock() // blocks for good once the Client is closed
+				t.Errorf("Lock on a closed Client returned")
+			}()
+			ctxDone := make(chan error, 1)
+			go func() { ctxDone <- c.NewMutex(name + "-ctx").LockContext(context.Background()) }()
+			waitFor(t, "Lock and LockContext under way", func() bool {
+				c.mu.Lock()
+				defer c.mu.Unlock()
+				return c.attempts == 2
+			})
+			within(t, "Close", CloseTimeout, c.Close)
+			if err := await(t, ctxDone, "LockContext after Close"); !errors.Is(err, ErrClosed) {
+				t.Errorf("LockContext at Close: got %v, want ErrClosed", err)
+			}
+		})
+	}
+}

@@ -168,7 +168,9 @@ func (m *DistMutex) client() *Client {
 // ErrClosed.
 func (m *DistMutex) Lock() {
 	if _, err := m.lock(context.Background(), false); err != nil {
-		if errors.Is(err, ErrClosed) {
+		if errors.Is(err, ErrClosed) || m.c.isClosed() {
+			// (Closed while its call was out, which then failed: the redis
+			// client may be closed after the Client, as a program ends.)
 			m.c.blockClosed(m)
 		}
 		panic(err)

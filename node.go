@@ -43,6 +43,7 @@ func newNode(c *Client, rdb redis.UniversalClient, handoff bool) *node {
 	_, n.cluster = rdb.(*redis.ClusterClient)
 	n.subscriber.c, n.subscriber.n = c, n
 	n.batch.n = n
+	n.batch.stopped, n.batch.stop = context.WithCancel(context.Background())
 	return n
 }
 

@@ -528,12 +528,12 @@ func (q *quorum) start() bool {
 	return true
 }
 
-func (q *quorum) close() {
+func (q *quorum) close(deadline time.Time) {
 	q.mu.Lock()
 	q.closed = true
 	q.mu.Unlock()
 	for _, n := range q.nodes {
-		n.close()
+		n.close(deadline)
 	}
 	q.bg.Wait()
 }
