@@ -186,7 +186,7 @@ func TestForceUnlockSemaphore(t *testing.T) {
 		require.NoError(t, err)
 		assert.True(t, released, "ForceUnlock of the holder of 2 permits")
 		msg := await(t, ps.Channel(), "a grant to the waiter's Client")
-		assert.Regexp(t, `^g \d+ \d+:S:\d+\.\d+\.2:`, msg.Payload, "the message: a grant of the waiter's entry, 2 permits")
+		assert.Regexp(t, `^g \d+ \d+:S:\d+-\d+\.\d+\.2:`, msg.Payload, "the message: a grant of the waiter's entry, 2 permits")
 		require.NoError(t, await(t, w.acquired, "the waiter to be handed the permits"))
 		assert.Greater(t, w.fence, fenceB, "the waiter's fencing token")
 

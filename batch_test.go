@@ -437,13 +437,18 @@ func TestBatchErrorsPerCall(t *testing.T) {
 		g.mu.Lock()
 		defer g.mu.Unlock()
 		for _, call := range want {
-			// The others twice: sent again after the first call, in order,
-			// each caller getting the reply of its first application
-			// (quick_lock.lua's grant; the release's HDEL, which the second
-			// finds gone).
-			n := 2 // (the first call: EVALSHA, NOSCRIPT, EVAL)
-			if call == "acquire:"+bad.spec.hash() {
-				n = 3 // quick_lock.lua, again, then acquire.lua, which names the error
+			// The others: quick_lock.lua, sent again after the first call,
+			// then acquire.lua (the free lock's own field makes
+			// quick_lock.lua answer "not free" the second time, and a
+			// caller gets the reply of the last application); the
+			// release's HDEL twice (its caller gets the first reply: the
+			// second finds nothing).
+			n := 3
+			switch call {
+			case "acquire:" + busy.spec.hash():
+				n = 2 // EVALSHA, NOSCRIPT, EVAL
+			case release:
+				n = 2
 			}
 			if got := countOf(g.seen, call); got != n {
 				t.Errorf("%s sent %d times, want %d", call, got, n)

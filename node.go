@@ -112,11 +112,14 @@ func (cl *call) build(ctx context.Context, eval bool) {
 // refused with EVAL, the others (applied once already) with EVALSHA. So
 // the calls take effect in the order they were made, which a call that
 // undoes another one relies on (see postCtx); applying a lock script twice
-// is safe, as a resent call is, and each caller gets the reply of the
-// first application (a release's second finds nothing of its hold).
+// is safe, as a resent call is. Each caller gets the reply of the last
+// application, which tells what Redis now has (a call applied again after
+// one refused before it may find the lock changed by that one), but for a
+// release (once): its second application finds nothing of its hold, and
+// its first reply says what it did.
 func (n *node) send(ctx context.Context, t target, calls []*call, wait, pipeline bool) (acks *redis.IntCmd) {
 	var evals []bool                 // per call: send it with EVAL
-	var applied map[*call]*redis.Cmd // the reply of each call's first application
+	var applied map[*call]*redis.Cmd // a release's reply of its first application
 	defer func() {
 		for cl, cmd := range applied {
 			cl.cmd = cmd
@@ -148,7 +151,7 @@ func (n *node) send(ctx context.Context, t target, calls []*call, wait, pipeline
 		}
 		evals = make([]bool, len(calls))
 		for i, cl := range calls {
-			if _, ok := applied[cl]; !ok && !isNoScript(cl) {
+			if _, ok := applied[cl]; !ok && cl.once && !isNoScript(cl) {
 				applied[cl] = cl.cmd
 			}
 			// (A third pass, after scripts were flushed once more between

@@ -43,8 +43,8 @@ func lockStateOn(t testing.TB, rdb redis.UniversalClient, name string) lockStatu
 }
 
 // holderForm is how run and status name a holder: its owner token
-// (<22 base64url>.<host>.<pid>:<goroutine id>), then its pid and host.
-var holderForm = regexp.MustCompile(`[A-Za-z0-9_-]{22}\.([A-Za-z0-9._-]+)\.(\d+):\d+ \(pid (\d+) on ([A-Za-z0-9._-]+)\)`)
+// (<22 base64url>.<host>.<pid>:<goroutine id>.<n>), then its pid and host.
+var holderForm = regexp.MustCompile(`[A-Za-z0-9_-]{22}\.([A-Za-z0-9._-]+)\.(\d+):\d+\.\d+ \(pid (\d+) on ([A-Za-z0-9._-]+)\)`)
 
 // awaitWaiter waits until a Client other than the holder waits for the lock:
 // it is queued in Redis or subscribed to the release channel.

@@ -38,8 +38,8 @@ func TestStatusJSON(t *testing.T) {
 	switch {
 	case h.Name != held || h.Key != "remutex:{"+held+"}" || !h.Held:
 		t.Errorf("held lock: name %q key %q held %v, want %q, %q, true", h.Name, h.Key, h.Held, held, "remutex:{"+held+"}")
-	case len(h.Holders) != 1 || h.Holders[0].Count != 1 || !regexp.MustCompile(`^[A-Za-z0-9_-]{22}\.[A-Za-z0-9._-]+\.\d+:\d+$`).MatchString(h.Holders[0].Owner):
-		t.Errorf("holders %+v, want one owner <22 base64url>.<host>.<pid>:<goroutine id> with count 1", h.Holders)
+	case len(h.Holders) != 1 || h.Holders[0].Count != 1 || !regexp.MustCompile(`^[A-Za-z0-9_-]{22}\.[A-Za-z0-9._-]+\.\d+:\d+\.\d+$`).MatchString(h.Holders[0].Owner):
+		t.Errorf("holders %+v, want one owner <22 base64url>.<host>.<pid>:<goroutine id>.<n> with count 1", h.Holders)
 	case h.Holders[0].PID != holder.cmd.Process.Pid || h.Holders[0].Host == "" ||
 		!strings.Contains(h.Holders[0].Owner, fmt.Sprintf(".%s.%d:", h.Holders[0].Host, h.Holders[0].PID)):
 		t.Errorf("holder %+v: want the host and pid (%d) of the holding remutex, as in its owner token", h.Holders[0], holder.cmd.Process.Pid)
