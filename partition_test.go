@@ -79,10 +79,8 @@ func TestPartition(t *testing.T) {
 			run := startPartition(t, partConfig{kind: kind, seed: s, net: true})
 			run.nemesis(t, d)
 			run.finish(t)
-			for _, v := range checkPartition(run.hist, run.kind, run.register(t)) {
-				run.report(t, v)
-			}
 			t.Log(run.hist.summary())
+			run.reportAll(t, checkPartition(run.hist, run.kind, run.register(t)))
 		})
 	}
 }
@@ -112,7 +110,7 @@ func TestPartitionChecks(t *testing.T) {
 			}
 			switch {
 			case tc.want == nil && len(found) > 0:
-				run.report(t, first)
+				run.reportAll(t, checkPartition(run.hist, run.kind, run.register(t)))
 			case tc.want != nil && found[tc.want[0]]+found[tc.want[1]] == 0:
 				t.Errorf("violations: got %v, want some of kind %q", found, tc.want)
 			default:
@@ -312,11 +310,35 @@ func (run *partRun) register(t *testing.T) partRegisterLog {
 	return partRegisterLog{accepted: accepted, found: found}
 }
 
-// report fails the test with v and the events around it, in order.
-func (run *partRun) report(t *testing.T, v partViolation) {
+// reportAll fails the test with the violations: how many of each kind,
+// the events around the first few, in order, and a line for each other.
+func (run *partRun) reportAll(t *testing.T, viol []partViolation) {
 	t.Helper()
-	t.Errorf("%s at %s: %s (seed %d)\nevents from %s:\n%s", v.kind, run.hist.rel(v.at), v.text, run.seed,
-		run.hist.rel(v.at.Add(-2*partLease)), run.hist.around(v.at, 2*partLease, partLease/2, 80))
+	if len(viol) == 0 {
+		return
+	}
+	sort.SliceStable(viol, func(i, j int) bool { return viol[i].at.Before(viol[j].at) })
+	count := map[string]int{}
+	for _, v := range viol {
+		count[v.kind]++
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d violations (seed %d): %v\n", len(viol), run.seed, count)
+	for i, v := range viol {
+		switch {
+		case i < 3:
+			fmt.Fprintf(&b, "\n%s at %s: %s\nevents from %s:\n%s", v.kind, run.hist.rel(v.at), v.text,
+				run.hist.rel(v.at.Add(-partLease)), run.hist.around(v.at, partLease, partLease/4, 40))
+		case i < 30:
+			if i == 3 {
+				b.WriteString("\nand:\n")
+			}
+			fmt.Fprintf(&b, "  %s at %s: %s\n", v.kind, run.hist.rel(v.at), v.text)
+		case i == 30:
+			fmt.Fprintf(&b, "  ... %d more\n", len(viol)-30)
+		}
+	}
+	t.Error(b.String())
 }
 
 // ---------------------------------------------------------------- history
