@@ -74,9 +74,9 @@ func TestPartition(t *testing.T) {
 	}
 	for i, kind := range []string{"mutex", "rw", "sem"} {
 		t.Run(kind, func(t *testing.T) {
-			s := seed + uint64(i)
-			t.Logf("seed %d (replay: %s=%d, -run 'TestPartition/%s')", seed, partSeedEnv, seed, kind)
-			run := startPartition(t, partConfig{kind: kind, seed: s, net: true})
+			t.Logf("seed %d (replay: %s=%d go test -run 'TestPartition/%s')", seed, partSeedEnv, seed, kind)
+			run := startPartition(t, partConfig{kind: kind, seed: seed + uint64(i), net: true})
+			run.replay = seed
 			run.nemesis(t, d)
 			run.finish(t)
 			t.Log(run.hist.summary())
@@ -132,7 +132,8 @@ type partConfig struct {
 // partRun is one run: the processes, the register and the history.
 type partRun struct {
 	kind     string
-	seed     uint64
+	seed     uint64         // of this run's nemesis and holders
+	replay   uint64         // the seed that replays it (partSeedEnv)
 	net      *redistest.Net // nil on loopback
 	reg      *redistest.Register
 	children []*redistest.Child
@@ -323,7 +324,7 @@ func (run *partRun) reportAll(t *testing.T, viol []partViolation) {
 		count[v.kind]++
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "%d violations (seed %d): %v\n", len(viol), run.seed, count)
+	fmt.Fprintf(&b, "%d violations (%s=%d): %v\n", len(viol), partSeedEnv, run.replay, count)
 	for i, v := range viol {
 		switch {
 		case i < 3:
@@ -878,4 +879,82 @@ func partHoldOnce(ctx context.Context, rng *rand.Rand, l partLocker, reg *redist
 	ret = time.Now()
 	ucancel()
 	redistest.Emit("p", "unlock", g, seq, mode, call.UnixNano(), deadline.UnixNano(), ret.UnixNano(), faultErrKind(err))
+}
+
+// TestCheckPartition: the checks on histories made up for them.
+func TestCheckPartition(t *testing.T) {
+	t0 := time.Now()
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	// hold: proc, write, fence, lock call/return and unlock call (ms); the
+	// deadlines are far.
+	hold := func(proc string, write bool, fence int64, call, ret, unlock int) *partHold {
+		return &partHold{proc: proc, write: write, fence: fence, err: "nil",
+			call: at(call), ret: at(ret), deadline: at(ret + 1000),
+			unlockCall: at(unlock), unlockRet: at(unlock + 1), unlockDeadline: at(unlock + 1000), unlockErr: "nil"}
+	}
+	lostAt := func(h *partHold, ms int) *partHold { h.lost = at(ms); return h }
+	cases := []struct {
+		name  string
+		kind  string
+		holds []*partHold
+		want  []string // kinds found, sorted
+	}{
+		{"in turn", "mutex", []*partHold{hold("a", true, 1, 0, 1, 10), hold("b", true, 2, 5, 11, 20)}, nil},
+		{"taken over, not lost", "mutex", []*partHold{hold("a", true, 1, 0, 1, 100), hold("b", true, 2, 5, 50, 60)},
+			[]string{partTakenOver}},
+		{"taken over after Lost", "mutex", []*partHold{lostAt(hold("a", true, 1, 0, 1, 100), 40), hold("b", true, 2, 5, 50, 60)}, nil},
+		{"taken over within the slack before Lost", "mutex", []*partHold{lostAt(hold("a", true, 1, 0, 1, 100), 50+10), hold("b", true, 2, 5, 50, 60)}, nil},
+		{"taken over long before Lost", "mutex", []*partHold{lostAt(hold("a", true, 1, 0, 1, 100), 90), hold("b", true, 2, 5, 50, 60)},
+			[]string{partTakenOver}},
+		{"fence went back", "mutex", []*partHold{hold("a", true, 5, 0, 1, 10), hold("b", true, 4, 12, 13, 20)},
+			[]string{partFenceInv}},
+		{"fence repeated", "mutex", []*partHold{hold("a", true, 5, 0, 1, 10), hold("b", true, 5, 12, 13, 20)},
+			[]string{partFenceInv}},
+		{"concurrent calls, any order", "mutex", []*partHold{hold("a", true, 5, 0, 10, 11), hold("b", true, 4, 1, 12, 20)}, nil},
+		{"readers together", "rw", []*partHold{hold("a", false, 1, 0, 1, 100), hold("b", false, 1, 5, 50, 60)}, nil},
+		{"writer among readers", "rw", []*partHold{hold("a", false, 1, 0, 1, 100), hold("b", true, 2, 5, 50, 60)},
+			[]string{partTakenOver}},
+		{"two of two permits", "sem", []*partHold{hold("a", true, 1, 0, 1, 100), hold("b", true, 2, 5, 50, 60)}, nil},
+		{"three of two permits", "sem", []*partHold{hold("a", true, 1, 0, 1, 100), hold("b", true, 2, 5, 20, 100),
+			hold("c", true, 3, 5, 50, 60)}, []string{partTakenOver}},
+		{"lock late", "mutex", []*partHold{func() *partHold {
+			h := hold("a", true, 1, 0, 1000, 1010)
+			h.deadline = at(1000 - int(partLate/time.Millisecond) - 1)
+			return h
+		}()}, []string{partLateCall}},
+		{"unlock late", "mutex", []*partHold{func() *partHold {
+			h := hold("a", true, 1, 0, 1, 10)
+			h.unlockRet = h.unlockDeadline.Add(partLate + time.Millisecond)
+			return h
+		}()}, []string{partLateCall}},
+		{"refused, lost", "mutex", []*partHold{func() *partHold {
+			h := lostAt(hold("a", true, 1, 0, 1, 10), 4)
+			h.writes = []partWrite{{op: "end", call: at(5), ret: at(6), res: "0"}}
+			return h
+		}()}, nil},
+		{"refused, not lost", "mutex", []*partHold{func() *partHold {
+			h := hold("a", true, 1, 0, 1, 10)
+			h.writes = []partWrite{{op: "end", call: at(5), ret: at(6), res: "0"}}
+			return h
+		}()}, []string{partRefused}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ph := newPartHistory()
+			ph.start = t0
+			for i, h := range tc.holds {
+				h.seq = i
+				ph.holds[h.id()] = h
+				ph.order = append(ph.order, h)
+			}
+			var got []string
+			for _, v := range checkPartition(ph, tc.kind, partRegisterLog{}) {
+				got = append(got, v.kind)
+			}
+			sort.Strings(got)
+			if fmt.Sprint(got) != fmt.Sprint(tc.want) {
+				t.Errorf("got violations %q, want %q", got, tc.want)
+			}
+		})
+	}
 }
