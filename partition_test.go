@@ -289,17 +289,16 @@ func (run *partRun) finish(t *testing.T) {
 	for _, ch := range run.children {
 		ch.Send(t, "stop")
 	}
-	for _, ch := range run.children {
-		ch.Expect(t, "done", time.Minute)
-		if err := ch.Stderr(); strings.Contains(err, "panic") {
-			run.hist.violate(partViolation{at: time.Now(), kind: partChild, text: ch.ID() + " panicked:\n" + err})
-		}
-	}
+	// The collectors stop first: Expect waits on the channel they read.
 	close(run.stop)
 	run.wg.Wait()
-	for _, ch := range run.children { // what came after the collectors stopped
+	for _, ch := range run.children {
+		ch.Expect(t, "done", time.Minute)
 		for _, f := range ch.TakeAll("p") {
 			run.hist.add(ch.ID(), f)
+		}
+		if err := ch.Stderr(); strings.Contains(err, "panic") {
+			run.hist.violate(partViolation{at: time.Now(), kind: partChild, text: ch.ID() + " panicked:\n" + err})
 		}
 	}
 }
