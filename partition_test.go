@@ -819,7 +819,7 @@ func partHoldOnce(ctx context.Context, rng *rand.Rand, l partLocker, reg *redist
 	if l.write {
 		mode = "w"
 	}
-	between := func(lo, hi time.Duration) time.Duration { return lo + time.Duration(rng.Int64N(int64(hi-lo))) }
+	between := func(lo, hi time.Duration) time.Duration { return partBetween(rng, lo, hi) }
 	call := time.Now()
 	deadline := call.Add(between(500*time.Millisecond, 6*time.Second))
 	lctx, lcancel := context.WithDeadline(ctx, deadline)
@@ -844,30 +844,14 @@ func partHoldOnce(ctx context.Context, rng *rand.Rand, l partLocker, reg *redist
 		}
 	}()
 	if l.write {
-		f := fence
 		if kind == "sem" {
-			f = 0
+			fence = 0 // the register counts the semaphore's writers
 		} else if broken == "stalefence" {
-			f--
+			fence--
 		}
-		writer := fmt.Sprintf("%s.g%d.%d", proc, g, seq)
-		wctx := context.WithoutCancel(ctx)
-		for _, op := range []string{"begin", "end"} {
-			call := time.Now()
-			var ok bool
-			var err error
-			if op == "begin" {
-				ok, err = reg.Begin(wctx, f, writer)
-			} else {
-				ok, err = reg.End(wctx, f, writer)
-			}
-			redistest.Emit("p", "write", g, seq, op, call.UnixNano(), time.Now().UnixNano(), faultBool(ok, err))
-			if op == "begin" {
-				time.Sleep(between(time.Millisecond, 100*time.Millisecond)) // the critical section
-			}
-		}
+		partSection(ctx, rng, reg, fence, fmt.Sprintf("%s.g%d.%d", proc, g, seq), g, seq)
 	} else {
-		time.Sleep(between(time.Millisecond, 100*time.Millisecond))
+		time.Sleep(partBetween(rng, time.Millisecond, 100*time.Millisecond))
 	}
 	close(quit)
 	<-watched
@@ -956,4 +940,29 @@ func TestCheckPartition(t *testing.T) {
 			}
 		})
 	}
+}
+
+// partSection is a hold's critical section: a write to the register with
+// fence (begin, a short random wait, end), each reported.
+func partSection(ctx context.Context, rng *rand.Rand, reg *redistest.Register, fence int64, writer string, g, seq int) {
+	wctx := context.WithoutCancel(ctx)
+	for _, op := range []string{"begin", "end"} {
+		call := time.Now()
+		var ok bool
+		var err error
+		if op == "begin" {
+			ok, err = reg.Begin(wctx, fence, writer)
+		} else {
+			ok, err = reg.End(wctx, fence, writer)
+		}
+		redistest.Emit("p", "write", g, seq, op, call.UnixNano(), time.Now().UnixNano(), faultBool(ok, err))
+		if op == "begin" {
+			time.Sleep(partBetween(rng, time.Millisecond, 100*time.Millisecond))
+		}
+	}
+}
+
+// partBetween returns a random duration in [lo, hi).
+func partBetween(rng *rand.Rand, lo, hi time.Duration) time.Duration {
+	return lo + time.Duration(rng.Int64N(int64(hi-lo)))
 }
