@@ -605,8 +605,9 @@ type partRegisterLog struct {
 //     margin before its key can expire on the server, so its holder knows
 //     before anyone else can take the lock; partSlack allows for the
 //     goroutine that timestamps Lost;
-//   - fences rise: a hold whose lock call began after another's returned
-//     has a larger fence (read holds carry a writer's and are left out);
+//   - fences rise: a hold that returned after another (a semaphore's: whose
+//     call began after another returned) has a larger fence (read holds
+//     carry a writer's and are left out);
 //   - the register accepted no overlap, no shared fence and no fence that
 //     went back (the semaphore's: never more than its permits at once),
 //     and refused only writes of holds already lost;
@@ -641,7 +642,7 @@ func checkPartition(ph *partHistory, kind string, reg partRegisterLog) []partVio
 		}
 	}
 	viol = append(viol, ph.checkTakeOver(held, kind)...)
-	viol = append(viol, ph.checkFences(held)...)
+	viol = append(viol, ph.checkFences(held, kind)...)
 	viol = append(viol, ph.checkRegister(kind, reg)...)
 	return viol
 }
@@ -681,31 +682,40 @@ func (ph *partHistory) checkTakeOver(held []*partHold, kind string) []partViolat
 	return viol
 }
 
-// checkFences finds a hold whose lock call began after another's returned
-// but whose fence is not larger.
-func (ph *partHistory) checkFences(held []*partHold) []partViolation {
+// checkFences finds a hold whose fence is not larger than that of a hold
+// that returned before it: before its lock call began (a semaphore's
+// holders may overlap, so later calls may return first), or, for a mutex's
+// and a writer's, before it returned. Two holds of a mutex never overlap,
+// so the one that returned later must have been taken later: a hold that
+// returns after another with a larger fence had already ended (or had been
+// given away) when it was reported held.
+func (ph *partHistory) checkFences(held []*partHold, kind string) []partViolation {
 	var w []*partHold
 	for _, h := range held {
 		if h.write {
 			w = append(w, h)
 		}
 	}
+	begun := func(h *partHold) time.Time { return h.ret }
+	if kind == "sem" {
+		begun = func(h *partHold) time.Time { return h.call }
+	}
 	byRet := append([]*partHold(nil), w...)
 	sort.Slice(byRet, func(i, j int) bool { return byRet[i].ret.Before(byRet[j].ret) })
-	byCall := append([]*partHold(nil), w...)
-	sort.Slice(byCall, func(i, j int) bool { return byCall[i].call.Before(byCall[j].call) })
+	byBegun := append([]*partHold(nil), w...)
+	sort.Slice(byBegun, func(i, j int) bool { return begun(byBegun[i]).Before(begun(byBegun[j])) })
 	var viol []partViolation
 	var top *partHold // the largest fence among the holds returned so far
 	i := 0
-	for _, b := range byCall {
-		for ; i < len(byRet) && byRet[i].ret.Before(b.call); i++ {
+	for _, b := range byBegun {
+		for ; i < len(byRet) && byRet[i].ret.Before(begun(b)); i++ {
 			if top == nil || byRet[i].fence > top.fence {
 				top = byRet[i]
 			}
 		}
 		if top != nil && b.fence <= top.fence {
-			viol = append(viol, partViolation{b.ret, partFenceInv, fmt.Sprintf("%s got fence %d, but %s had got %d at %s, before %s's call at %s",
-				b.id(), b.fence, top.id(), top.fence, ph.rel(top.ret), b.id(), ph.rel(b.call))})
+			viol = append(viol, partViolation{b.ret, partFenceInv, fmt.Sprintf("%s got fence %d (called %s, returned %s), but %s had got %d at %s",
+				b.id(), b.fence, ph.rel(b.call), ph.rel(b.ret), top.id(), top.fence, ph.rel(top.ret))})
 		}
 	}
 	return viol
@@ -893,7 +903,11 @@ func TestCheckPartition(t *testing.T) {
 			[]string{partFenceInv}},
 		{"fence repeated", "mutex", []*partHold{hold("a", true, 5, 0, 1, 10), hold("b", true, 5, 12, 13, 20)},
 			[]string{partFenceInv}},
-		{"concurrent calls, any order", "mutex", []*partHold{hold("a", true, 5, 0, 10, 11), hold("b", true, 4, 1, 12, 20)}, nil},
+		{"returned after a larger fence", "mutex", []*partHold{hold("a", true, 5, 0, 10, 11), hold("b", true, 4, 1, 12, 20)},
+			[]string{partFenceInv}},
+		{"permits, concurrent calls", "sem", []*partHold{hold("a", true, 5, 0, 10, 11), hold("b", true, 4, 1, 12, 20)}, nil},
+		{"permits, fence went back", "sem", []*partHold{hold("a", true, 5, 0, 10, 11), hold("b", true, 4, 11, 12, 20)},
+			[]string{partFenceInv}},
 		{"readers together", "rw", []*partHold{hold("a", false, 1, 0, 1, 100), hold("b", false, 1, 5, 50, 60)}, nil},
 		{"writer among readers", "rw", []*partHold{hold("a", false, 1, 0, 1, 100), hold("b", true, 2, 5, 50, 60)},
 			[]string{partTakenOver}},
