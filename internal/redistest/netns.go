@@ -217,7 +217,7 @@ const NetServerPort = 6379
 func (n *Net) StartServer(t testing.TB, node string, extra ...string) *Server {
 	t.Helper()
 	nd := n.Node(t, node)
-	dir := t.TempDir()
+	dir := socketDir(t)
 	s := &Server{bin: Require(t, "redis-server"), port: NetServerPort, dir: dir,
 		host: nd.IP, unix: dir + "/redis.sock", wrap: nd.wrap(),
 		// Protected mode refuses clients from other addresses than loopback

@@ -153,13 +153,29 @@ func (s *Server) UnixSocket() string { return s.unix }
 // network namespace.
 func StartUnix(t testing.TB, extra ...string) *Server {
 	t.Helper()
-	dir := t.TempDir()
+	dir := socketDir(t)
 	s := &Server{bin: Require(t, "redis-server"), dir: dir, unix: dir + "/redis.sock", args: extra}
 	if err := s.start(); err != nil {
 		t.Fatalf("starting a redis-server on a unix socket: %v", err)
 	}
 	t.Cleanup(s.Stop)
 	return s
+}
+
+// socketDir returns a directory of the test's whose path leaves room for a
+// unix socket's name (at most 107 bytes in all): t.TempDir's, unless the
+// test's name makes it too long.
+func socketDir(t testing.TB) string {
+	t.Helper()
+	if dir := t.TempDir(); len(dir) < 90 {
+		return dir
+	}
+	dir, err := os.MkdirTemp("", "rt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	return dir
 }
 
 // Port returns the port.
