@@ -327,7 +327,7 @@ func (run *partRun) reportAll(t *testing.T, viol []partViolation) {
 	for i, v := range viol {
 		switch {
 		case i < 3:
-			fmt.Fprintf(&b, "\n%s at %s: %s\nevents from %s:\n%s", v.kind, run.hist.rel(v.at), v.text,
+			fmt.Fprintf(&b, "\n%s at %s: %s\nevents (the holders' from %s):\n%s", v.kind, run.hist.rel(v.at), v.text,
 				run.hist.rel(v.at.Add(-partLease)), run.hist.around(v.at, partLease, partLease/4, 40))
 		case i < 30:
 			if i == 3 {
@@ -536,15 +536,21 @@ func (ph *partHistory) rel(t time.Time) string {
 }
 
 // around lists the events from before ahead of at to after it, in time
-// order, at most max of them (the nearest).
+// order: at most max of the holders' (the nearest to at), and every fault
+// and heal of the nemesis in three times that span before at, which
+// explain them.
 func (ph *partHistory) around(at time.Time, before, after time.Duration, max int) string {
 	ph.mu.Lock()
 	evs := append([]partEvent(nil), ph.events...)
 	ph.mu.Unlock()
 	sort.SliceStable(evs, func(i, j int) bool { return evs[i].at.Before(evs[j].at) })
-	var sel []partEvent
+	var sel, faults []partEvent
 	for _, e := range evs {
-		if !e.at.Before(at.Add(-before)) && !e.at.After(at.Add(after)) {
+		switch {
+		case e.at.After(at.Add(after)):
+		case e.who == "nemesis" && !e.at.Before(at.Add(-3*before)):
+			faults = append(faults, e)
+		case !e.at.Before(at.Add(-before)):
 			sel = append(sel, e)
 		}
 	}
@@ -555,6 +561,8 @@ func (ph *partHistory) around(at time.Time, before, after time.Duration, max int
 			sel = sel[:len(sel)-1]
 		}
 	}
+	sel = append(sel, faults...)
+	sort.SliceStable(sel, func(i, j int) bool { return sel[i].at.Before(sel[j].at) })
 	var b strings.Builder
 	for _, e := range sel {
 		mark := "  "
