@@ -101,6 +101,8 @@ func runChild(role string) int {
 		return rwRole(cfg)
 	case "sem":
 		return semRole(cfg)
+	case "partition":
+		return partitionRole(cfg)
 	}
 	redistest.Emit("fatal", "unknown-role", role)
 	return 2

@@ -62,12 +62,20 @@ type Child struct {
 // test binary, and it is killed and reaped at the end of the test.
 func StartChild(t testing.TB, role, id string, env ...string) *Child {
 	t.Helper()
+	return startChild(t, nil, role, id, env)
+}
+
+// startChild is StartChild with the command wrap (ip netns exec NS) that
+// runs the test binary; nil runs it directly.
+func startChild(t testing.TB, wrap []string, role, id string, env []string) *Child {
+	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
 	c := &Child{id: id, exited: make(chan struct{}), kick: make(chan struct{}, 1)}
-	c.cmd = exec.Command(exe, "-test.run=^$")
+	argv := append(append([]string(nil), wrap...), exe, "-test.run=^$")
+	c.cmd = exec.Command(argv[0], argv[1:]...)
 	DieWithParent(c.cmd)
 	c.cmd.Env = append(append(os.Environ(), roleEnv+"="+role), env...)
 	c.cmd.Stderr = &c.stderr
@@ -144,6 +152,29 @@ func (c *Child) Take(kind string) ([]string, bool) {
 	}
 	return nil, false
 }
+
+// TakeAll removes and returns the fields of every pending event of kind, in
+// the order they came.
+func (c *Child) TakeAll(kind string) [][]string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var taken [][]string
+	kept := c.events[:0]
+	for _, e := range c.events {
+		if e[0] == kind {
+			taken = append(taken, e[1:])
+		} else {
+			kept = append(kept, e)
+		}
+	}
+	c.events = kept
+	return taken
+}
+
+// Arrived returns a channel that receives after events arrive: a reader that
+// takes them as they come (TakeAll) waits on it. Expect waits on the same
+// channel, so one reader at a time.
+func (c *Child) Arrived() <-chan struct{} { return c.kick }
 
 // Has reports whether an event of kind is pending.
 func (c *Child) Has(kind string) bool {

@@ -15,7 +15,12 @@
 //   - child processes that are the test binary re-executed in a role
 //     ([StartChild], [ChildRole], [Emit]);
 //   - a fenced [Register], on a redis-server, that logs the writes of a
-//     lock's holders (from any process) and finds overlaps and stale fences.
+//     lock's holders (from any process) and finds overlaps and stale fences;
+//   - a test network of Linux network namespaces ([NewNet]: root and
+//     iproute2) with a redis-server and child processes in namespaces of
+//     their own, and cuts of one node, both ways or one direction, healed
+//     at will; a server on a unix socket only ([StartUnix]) that no cut
+//     reaches.
 //
 // redis-server runs as
 //

@@ -23,8 +23,12 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// runRole is the child of TestChild: "echo" answers each line it reads.
+// runRole is the child of TestChild: "echo" answers each line it reads; and
+// of TestNet: "redis" (see netRole).
 func runRole(role string) int {
+	if role == "redis" {
+		return netRole()
+	}
 	if role != "echo" {
 		Emit("fatal", "unknown-role", role)
 		return 2

@@ -88,10 +88,30 @@ func NewRegister(t testing.TB) *Register {
 	return r
 }
 
-// OpenRegister opens the register key on the server at addr: in a child,
-// the one the test made (its Addr and Key). Close it after use.
+// NewRegisterOn is NewRegister on the server srv: on its unix socket if it
+// has one (StartUnix: a register that no network fault reaches, from any
+// network namespace), else on its Addr.
+func NewRegisterOn(t testing.TB, srv *Server) *Register {
+	t.Helper()
+	addr := srv.UnixSocket()
+	if addr == "" {
+		addr = srv.Addr()
+	}
+	key := "register:" + strconv.FormatInt(time.Now().UnixNano(), 36) + "." + strconv.FormatInt(registers.Add(1), 10)
+	r := OpenRegister(addr, key)
+	t.Cleanup(func() { _ = r.Close() })
+	return r
+}
+
+// OpenRegister opens the register key on the server at addr (host:port, or
+// the path of a unix socket, which starts with "/"): in a child, the one the
+// test made (its Addr and Key). Close it after use.
 func OpenRegister(addr, key string) *Register {
-	return &Register{rdb: redis.NewClient(&redis.Options{Addr: addr}), addr: addr, key: key}
+	o := &redis.Options{Addr: addr}
+	if strings.HasPrefix(addr, "/") {
+		o.Network = "unix"
+	}
+	return &Register{rdb: redis.NewClient(o), addr: addr, key: key}
 }
 
 // Addr returns the address of the register's server.
@@ -306,4 +326,29 @@ func (r *Register) CheckSections(t testing.TB, want int) {
 	if len(accepted) < want {
 		t.Errorf("register: got %d critical sections, want %d", len(accepted), want)
 	}
+}
+
+// Crowds returns the groups of more than limit accepted writes that were
+// open at one instant (each group is the writes open when its last one
+// began), for a resource that admits limit holders at once: a semaphore's
+// holders write with fence 0, which the register never refuses, and
+// Crowds counts them.
+func Crowds(accepted []Write, limit int) [][]Write {
+	sorted := append([]Write(nil), accepted...)
+	sort.SliceStable(sorted, func(i, j int) bool { return sorted[i].Start < sorted[j].Start })
+	var found [][]Write
+	var open []Write
+	for _, w := range sorted {
+		kept := open[:0]
+		for _, o := range open {
+			if o.End > w.Start {
+				kept = append(kept, o)
+			}
+		}
+		open = append(kept, w)
+		if len(open) > limit {
+			found = append(found, append([]Write(nil), open...))
+		}
+	}
+	return found
 }

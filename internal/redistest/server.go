@@ -47,6 +47,9 @@ type Server struct {
 	conf string      // a configuration file, given first; "" for none
 	args []string    // extra arguments
 	tls  *tls.Config // a client's, for a TLS-only server; nil for plain text
+	host string      // the address it binds; "" for 127.0.0.1
+	unix string      // a unix socket it listens on too (only, with port 0); "" for none
+	wrap []string    // a command that runs it (ip netns exec NS); nil for none
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd // nil while stopped
@@ -132,7 +135,48 @@ func FreePort() (int, error) {
 }
 
 // Addr returns host:port.
-func (s *Server) Addr() string { return "127.0.0.1:" + strconv.Itoa(s.port) }
+func (s *Server) Addr() string { return net.JoinHostPort(s.bindHost(), strconv.Itoa(s.port)) }
+
+func (s *Server) bindHost() string {
+	if s.host == "" {
+		return "127.0.0.1"
+	}
+	return s.host
+}
+
+// UnixSocket returns the path of the server's unix socket, "" if it has
+// none.
+func (s *Server) UnixSocket() string { return s.unix }
+
+// StartUnix starts a redis-server, like Start, that listens on a unix socket
+// only (its path is UnixSocket): one that no network fault reaches, in any
+// network namespace.
+func StartUnix(t testing.TB, extra ...string) *Server {
+	t.Helper()
+	dir := socketDir(t)
+	s := &Server{bin: Require(t, "redis-server"), dir: dir, unix: dir + "/redis.sock", args: extra}
+	if err := s.start(); err != nil {
+		t.Fatalf("starting a redis-server on a unix socket: %v", err)
+	}
+	t.Cleanup(s.Stop)
+	return s
+}
+
+// socketDir returns a directory of the test's whose path leaves room for a
+// unix socket's name (at most 107 bytes in all): t.TempDir's, unless the
+// test's name makes it too long.
+func socketDir(t testing.TB) string {
+	t.Helper()
+	if dir := t.TempDir(); len(dir) < 90 {
+		return dir
+	}
+	dir, err := os.MkdirTemp("", "rt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	return dir
+}
 
 // Port returns the port.
 func (s *Server) Port() int { return s.port }
@@ -149,11 +193,15 @@ func (s *Server) start() error {
 	if s.tls != nil {
 		ports = []string{"--port", "0", "--tls-port", strconv.Itoa(s.port)}
 	}
-	args := append(ports, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", s.dir)
+	args := append(ports, "--bind", s.bindHost(), "--save", "", "--appendonly", "no", "--dir", s.dir)
+	if s.unix != "" {
+		args = append(args, "--unixsocket", s.unix, "--unixsocketperm", "700")
+	}
 	if s.conf != "" {
 		args = append([]string{s.conf}, args...)
 	}
-	cmd := exec.Command(s.bin, append(args, s.args...)...)
+	argv := append(append(append([]string(nil), s.wrap...), s.bin), append(args, s.args...)...)
+	cmd := exec.Command(argv[0], argv[1:]...)
 	DieWithParent(cmd)
 	out := &Buffer{}
 	cmd.Stdout, cmd.Stderr = out, out
@@ -173,7 +221,11 @@ func (s *Server) start() error {
 
 // awaitPing waits up to 10s until the server answers, or exit closes.
 func (s *Server) awaitPing(exit <-chan struct{}) error {
-	rdb := redis.NewClient(&redis.Options{Addr: s.Addr(), TLSConfig: s.tls, MaxRetries: -1})
+	o := &redis.Options{Addr: s.Addr(), TLSConfig: s.tls, MaxRetries: -1}
+	if s.unix != "" { // reachable from any network namespace
+		o.Network, o.Addr = "unix", s.unix
+	}
+	rdb := redis.NewClient(o)
 	defer rdb.Close()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
