@@ -69,11 +69,17 @@ func Start(t testing.TB, extra ...string) *Server {
 // StartTLS is Start for a server that speaks only TLS on its port: extra
 // must name its certificate files (--tls-cert-file, --tls-key-file,
 // --tls-ca-cert-file), and client is the configuration with which it is
-// checked to answer.
+// checked to answer. Where the server does not start and its binary was
+// built without TLS (it does not link libssl), the test is skipped, saying
+// so, even with REMUTEX_REQUIRE_REDIS=1.
 func StartTLS(t testing.TB, client *tls.Config, extra ...string) *Server {
 	t.Helper()
 	s := &Server{bin: Require(t, "redis-server"), dir: t.TempDir(), args: extra, tls: client}
 	if err := s.startOnFreePort(); err != nil {
+		if !linksTLS(s.bin) {
+			v, _ := BinaryVersion(s.bin)
+			t.Skipf("%s (%v) was built without TLS (it does not link libssl; build it with make BUILD_TLS=yes to run this test): %v", s.bin, v, err)
+		}
 		t.Fatalf("starting a TLS redis-server: %v", err)
 	}
 	t.Cleanup(s.Stop)

@@ -1,10 +1,12 @@
 package redistest
 
 import (
+	"debug/elf"
 	"fmt"
 	"os/exec"
 	"regexp"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 )
@@ -80,4 +82,26 @@ func ServerVersion(t testing.TB) Version {
 		t.Fatal(err)
 	}
 	return v
+}
+
+// linksTLS reports whether bin, an ELF executable, links OpenSSL's libssl,
+// as a server built with TLS (make BUILD_TLS=yes) does. It is false where
+// that cannot be told (not ELF, say): the caller asks only after a TLS
+// server failed to start, to tell a build without TLS from a fault.
+func linksTLS(bin string) bool {
+	f, err := elf.Open(bin)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	libs, err := f.ImportedLibraries()
+	if err != nil {
+		return false
+	}
+	for _, l := range libs {
+		if strings.HasPrefix(l, "libssl") {
+			return true
+		}
+	}
+	return false
 }
