@@ -218,6 +218,13 @@ func (s *Server) Stop() {
 	s.cmd = nil
 }
 
+// running reports whether the server was started and not stopped since.
+func (s *Server) running() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cmd != nil
+}
+
 // Restart kills the server and starts a fresh one on the same port: empty,
 // since nothing is persisted.
 func (s *Server) Restart(t testing.TB) {
