@@ -269,6 +269,7 @@ func TestAdminQuorum(t *testing.T) {
 // TestAdminCluster: on a Redis 7 cluster the waiter's subscription is a
 // shard channel on the lock's master, and ForceUnlock wakes it there.
 func TestAdminCluster(t *testing.T) {
+	redistest.RequireShardedPubSub(t)
 	tc := redistest.StartCluster(t, 3, 0)
 	ctx := testCtx(t, hangGuard)
 	prefix := topoPrefix(t)

@@ -39,6 +39,7 @@ func TestCluster(t *testing.T) {
 // deadlines, release marker) and its channel hash to one slot and live on
 // the master that serves it.
 func testClusterKeysShareOneSlot(t *testing.T, tc *redistest.Cluster) {
+	redistest.RequireShardedPubSub(t)
 	for _, name := range []string{"a", "{user1}:cart", "x}y", "{}", "a{b}c{d}"} {
 		t.Run(name, func(t *testing.T) {
 			ctx := testCtx(t, hangGuard)
@@ -129,6 +130,7 @@ func testClusterExclusion(t *testing.T, tc *redistest.Cluster) {
 // channel on the master that serves the lock and on no other, and each
 // waiter gets its lock once the holder unlocks.
 func testClusterWaitersWoken(t *testing.T, tc *redistest.Cluster) {
+	redistest.RequireShardedPubSub(t)
 	prefix := topoPrefix(t)
 	holder := clientOn(t, tc.Client(t), WithKeyPrefix(prefix))
 	waiter := clientOn(t, tc.Client(t), WithKeyPrefix(prefix))
@@ -288,6 +290,7 @@ func testClusterReplicaAck(t *testing.T, tc *redistest.Cluster) {
 // subscription, refused by the old master with MOVED, must land on the new
 // one.
 func TestClusterSlotMigration(t *testing.T) {
+	redistest.RequireShardedPubSub(t)
 	const lease = 600 * time.Millisecond
 	tc := redistest.StartCluster(t, 3, 0)
 	ctx := testCtx(t, hangGuard)

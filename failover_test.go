@@ -748,7 +748,7 @@ func (d *clusterFailover) settle(t *testing.T) time.Time {
 func (d *clusterFailover) primary(t *testing.T) *redis.Client { return d.replica.RDB }
 
 func (d *clusterFailover) observe(t *testing.T, channel string) <-chan *redis.Message {
-	return observeChannel(t, d.replica.RDB.SSubscribe(testCtx(t, hangGuard), channel))
+	return observeChannel(t, d.replica.SubscribeShard(testCtx(t, hangGuard), channel))
 }
 
 // TestFailoverCluster kills, under load, the master that serves the locks'

@@ -874,7 +874,7 @@ func TestFaultACL(t *testing.T) {
 	direct := rdbAt(t, srv.Addr())
 	user := func(t *testing.T, name string, rules ...interface{}) *redis.Options {
 		t.Helper()
-		args := append([]interface{}{"acl", "setuser", name, "reset", "on", ">pw", "~*"}, rules...)
+		args := append([]interface{}{"acl", "setuser", name, "reset", "on", ">pw", "~*"}, knownRules(t, direct, rules...)...)
 		if err := direct.Do(ctx, args...).Err(); err != nil {
 			t.Fatal(err)
 		}

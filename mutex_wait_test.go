@@ -532,7 +532,7 @@ func TestSubscribeDenied(t *testing.T) {
 	ctx := context.Background()
 	admin := b.rdb(t)
 	user := "nosub-" + strings.ReplaceAll(name, ".", "-")
-	require.NoError(t, admin.Do(ctx, "acl", "setuser", user, "on", ">pw", "~*", "&*", "+@all", "-subscribe", "-ssubscribe", "-psubscribe").Err())
+	require.NoError(t, admin.Do(ctx, append([]interface{}{"acl", "setuser", user, "on", ">pw", "~*", "&*", "+@all"}, knownRules(t, admin, "-subscribe", "-ssubscribe", "-psubscribe")...)...).Err())
 	t.Cleanup(func() { admin.Do(context.Background(), "acl", "deluser", user) })
 
 	rec := &recordingHandler{}

@@ -99,6 +99,7 @@ func TestRWMutexReplicaAck(t *testing.T) {
 // Client's shard channels on the lock's master alone and woken there, the
 // keys on that master alone; then sync's hammer on one lock.
 func testClusterRWMutex(t *testing.T, tc *redistest.Cluster) {
+	redistest.RequireShardedPubSub(t)
 	prefix := topoPrefix(t)
 	var cs []*Client
 	for i := 0; i < 3; i++ {

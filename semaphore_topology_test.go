@@ -45,6 +45,7 @@ func TestSemaphoreCluster(t *testing.T) {
 
 // testClusterSemaphoreKeys is TestSemaphoreCluster's check of one name.
 func testClusterSemaphoreKeys(t *testing.T, tc *redistest.Cluster, name string) {
+	redistest.RequireShardedPubSub(t)
 	ctx := testCtx(t, hangGuard)
 	prefix := topoPrefix(t)
 	ca, cb := clientOn(t, tc.Client(t), WithKeyPrefix(prefix)), clientOn(t, tc.Client(t), WithKeyPrefix(prefix))

@@ -4,7 +4,6 @@ package main
 
 import (
 	"context"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -12,19 +11,29 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/remutex/remutex"
+	"github.com/remutex/remutex/internal/redistest"
 )
 
 // startCluster starts a one-node Redis Cluster that serves every slot.
 func startCluster(t *testing.T) *redisServer {
 	t.Helper()
-	bus, err := freePort()
+	v := redistest.ServerVersion(t)
+	port, err := redistest.FreePortWithBus(v) // Redis 6.2 has no cluster-port: its bus is port+10000
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := startRedis(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-port", strconv.Itoa(bus))
+	srv, err := startRedisOn(redistest.Require(t, "redis-server"), t.TempDir(), port, redistest.ClusterArgs(v))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.stop)
 	rdb := rdbFor(t, srv.addr())
 	ctx := context.Background()
-	if err := rdb.Do(ctx, "cluster", "addslotsrange", 0, 16383).Err(); err != nil {
+	slots := []interface{}{"cluster", "addslots"} // not ADDSLOTSRANGE: Redis 6.2 has no such command
+	for slot := 0; slot < 16384; slot++ {
+		slots = append(slots, slot)
+	}
+	if err := rdb.Do(ctx, slots...).Err(); err != nil {
 		t.Fatal(err)
 	}
 	await(t, 30*time.Second, "the cluster to be ready", func() bool {
@@ -37,6 +46,8 @@ func startCluster(t *testing.T) *redisServer {
 // TestCluster runs a holder and a waiter on a Redis 7 cluster, where release
 // messages are shard messages: status counts the waiter's SSUBSCRIBE, and
 // unlock --force tells the waiter's Client with SPUBLISH, which wakes it.
+// On Redis 6.2, without sharded pub/sub, the same goes by SUBSCRIBE and
+// PUBLISH.
 func TestCluster(t *testing.T) {
 	t.Parallel()
 	srv := startCluster(t)
@@ -63,7 +74,13 @@ func TestCluster(t *testing.T) {
 		t.Fatalf("Inspect: got %+v, %v; want one waiter", info, err)
 	}
 	clientID, _, _ := strings.Cut(info.Waiters[0].Owner, ":")
-	ps := cc.SSubscribe(context.Background(), "remutex:{"+name+"}:released:"+clientID)
+	channel := "remutex:{" + name + "}:released:" + clientID
+	var ps *redis.PubSub
+	if redistest.ServerVersion(t).ShardedPubSub() {
+		ps = cc.SSubscribe(context.Background(), channel)
+	} else {
+		ps = cc.Subscribe(context.Background(), channel) // Redis 6.2: the release PUBLISHes
+	}
 	t.Cleanup(func() { _ = ps.Close() })
 	if _, err := ps.Receive(context.Background()); err != nil {
 		t.Fatal(err)

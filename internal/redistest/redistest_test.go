@@ -341,3 +341,29 @@ func TestSentinel(t *testing.T) {
 		t.Errorf("GET k through the failover client after the old primary returned: got (%q, %v), want (\"1\", nil)", got, err)
 	}
 }
+
+// TestSentinelForgetsKilledPrimary kills the primary: once AwaitSwitch
+// returned, no sentinel lists its address among the replicas it watches, so
+// that none will make a replica of whatever server takes the port next.
+func TestSentinelForgetsKilledPrimary(t *testing.T) {
+	s := StartSentinel(t)
+	old := s.Primary(t)
+	old.Stop()
+	promoted, _ := s.AwaitSwitch(t, old)
+	if promoted == old {
+		t.Fatalf("+switch-master named the killed primary")
+	}
+	for _, sn := range s.Sentinels {
+		sc := redis.NewSentinelClient(&redis.Options{Addr: sn.Addr()})
+		t.Cleanup(func() { _ = sc.Close() })
+		replicas, err := sc.Replicas(ctx(t), SentinelMaster).Result()
+		if err != nil {
+			t.Fatalf("SENTINEL REPLICAS on %v: %v", sn.Addr(), err)
+		}
+		for _, r := range replicas {
+			if r["name"] == old.Addr() {
+				t.Errorf("sentinel %v still watches the killed primary %v as a replica: %v", sn.Addr(), old.Addr(), r)
+			}
+		}
+	}
+}

@@ -63,6 +63,14 @@ func StartSentinel(t testing.TB) *Sentinel {
 	for _, sn := range s.Sentinels {
 		s.events.watch(t, sn)
 	}
+	// Registered after the watchers, so it runs before they stop: a failed
+	// test says what the sentinels did (a second failover, say, when a new
+	// primary is too slow to answer for DownAfter on a loaded machine).
+	t.Cleanup(func() {
+		if t.Failed() || os.Getenv("REMUTEX_SENTINEL_EVENTS") == "1" {
+			t.Logf("sentinel events, as the harness read them (%d switches of the primary):\n%s", s.events.count("+switch-master"), s.events)
+		}
+	})
 	return s
 }
 
@@ -143,7 +151,8 @@ func (s *Sentinel) server(t testing.TB, port string) *Server {
 
 // AwaitSwitch waits until the sentinels announce (+switch-master) that the
 // primary moved away from old, and returns the new primary and when the
-// announcement was read.
+// announcement was read. Where old was stopped (killed, not paused), it then
+// makes the sentinels forget it (see forget).
 func (s *Sentinel) AwaitSwitch(t testing.TB, old *Server) (*Server, time.Time) {
 	t.Helper()
 	e := s.Await(t, "+switch-master", fmt.Sprintf("%s 127.0.0.1 %d ", SentinelMaster, old.Port()))
@@ -151,7 +160,33 @@ func (s *Sentinel) AwaitSwitch(t testing.TB, old *Server) (*Server, time.Time) {
 	if len(f) != 5 {
 		t.Fatalf("+switch-master %q: want 5 fields", e.Payload)
 	}
+	if !old.running() {
+		s.forget(t, old)
+	}
 	return s.server(t, f[4]), e.At
+}
+
+// forget waits until the failover away from old, a server that was killed,
+// ended (+failover-end), and then resets every sentinel (SENTINEL RESET), so
+// that none of them keeps old's address among the replicas it watches. A
+// sentinel that finds a server at that address again makes it a replica of
+// the new primary, some 10s later (+convert-to-slave): on a machine where
+// other test runs start servers on free ports, that is another process's
+// server, which took the port, and it loses its data. The same done to ours
+// by another run's sentinels turns a primary into a replica of a stranger's:
+// a second failover under load, lost holds, fence counters seeded again.
+func (s *Sentinel) forget(t testing.TB, old *Server) {
+	t.Helper()
+	s.Await(t, "+failover-end", fmt.Sprintf("master %s 127.0.0.1 %d", SentinelMaster, old.Port()))
+	ctx := adminCtx(t)
+	for _, sn := range s.Sentinels {
+		sc := redis.NewSentinelClient(&redis.Options{Addr: sn.Addr()})
+		err := sc.Reset(ctx, SentinelMaster).Err()
+		_ = sc.Close()
+		if err != nil {
+			t.Fatalf("SENTINEL RESET %s on %v: %v", SentinelMaster, sn.Addr(), err)
+		}
+	}
 }
 
 // AwaitConverted waits until the sentinels told srv, a primary that came
@@ -249,6 +284,20 @@ func (ev *sentinelEvents) take(channel, part string) (SentinelEvent, bool) {
 		}
 	}
 	return SentinelEvent{}, false
+}
+
+// count returns how many distinct events were read on channel, taken or
+// not.
+func (ev *sentinelEvents) count(channel string) int {
+	ev.mu.Lock()
+	defer ev.mu.Unlock()
+	seen := map[string]bool{} // every sentinel announces the same event
+	for _, e := range ev.all {
+		if _, rest, _ := strings.Cut(e, " "); strings.HasPrefix(rest, channel+" ") {
+			seen[rest] = true
+		}
+	}
+	return len(seen)
 }
 
 func (ev *sentinelEvents) String() string {

@@ -72,11 +72,17 @@ func Start(t testing.TB, extra ...string) *Server {
 // StartTLS is Start for a server that speaks only TLS on its port: extra
 // must name its certificate files (--tls-cert-file, --tls-key-file,
 // --tls-ca-cert-file), and client is the configuration with which it is
-// checked to answer.
+// checked to answer. Where the server does not start and its binary was
+// built without TLS (it does not link libssl), the test is skipped, saying
+// so, even with REMUTEX_REQUIRE_REDIS=1.
 func StartTLS(t testing.TB, client *tls.Config, extra ...string) *Server {
 	t.Helper()
 	s := &Server{bin: Require(t, "redis-server"), dir: t.TempDir(), args: extra, tls: client}
 	if err := s.startOnFreePort(); err != nil {
+		if !linksTLS(s.bin) {
+			v, _ := BinaryVersion(s.bin)
+			t.Skipf("%s (%v) was built without TLS (it does not link libssl; build it with make BUILD_TLS=yes to run this test): %v", s.bin, v, err)
+		}
 		t.Fatalf("starting a TLS redis-server: %v", err)
 	}
 	t.Cleanup(s.Stop)
@@ -262,6 +268,13 @@ func (s *Server) Stop() {
 	_ = s.cmd.Process.Kill()
 	<-s.exit
 	s.cmd = nil
+}
+
+// running reports whether the server was started and not stopped since.
+func (s *Server) running() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cmd != nil
 }
 
 // Restart kills the server and starts a fresh one on the same port: empty,

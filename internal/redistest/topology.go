@@ -3,6 +3,7 @@ package redistest
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"slices"
@@ -203,28 +204,81 @@ func launchNodes(t testing.TB, bin string, n int, extra []string) []*Node {
 
 // launchClusterNode starts a cluster-enabled redis-server in dir, with
 // extra arguments after its own. The cluster bus gets a free port of its
-// own: the default, the client port + 10000, may be taken or out of range.
+// own where the server has the cluster-port directive (Redis 7): the
+// default, the client port + 10000, may be taken or out of range. Older
+// servers (Redis 6.2) listen on the client port + 10000, so the client port
+// is chosen with that port free too.
 func launchClusterNode(bin, dir string, extra []string) (*Server, error) {
-	var err error
-	for try := 0; try < 3; try++ {
-		var bus int
-		if bus, err = FreePort(); err != nil {
-			continue
-		}
+	v, err := BinaryVersion(bin)
+	if err != nil {
+		return nil, err
+	}
+	for try := 0; try < 5; try++ {
 		sub, derr := os.MkdirTemp(dir, "node")
 		if derr != nil {
 			return nil, derr
 		}
-		args := []string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-			"--cluster-port", strconv.Itoa(bus), "--cluster-node-timeout", "5000",
-			"--repl-diskless-sync-delay", "0"}
+		args := append(ClusterArgs(v), "--cluster-node-timeout", "5000", "--repl-diskless-sync-delay", "0")
+		args = append(args, extra...)
+		var port int
+		if port, err = FreePortWithBus(v); err != nil {
+			continue
+		}
 		var srv *Server
-		srv, err = Launch(bin, sub, append(args, extra...)...)
-		if err == nil {
+		if srv, err = LaunchOn(bin, sub, port, args...); err == nil {
 			return srv, nil
 		}
 	}
-	return nil, err
+	return nil, fmt.Errorf("starting a cluster node of %v: %w", v, err)
+}
+
+// ClusterArgs returns the arguments that make a server of version v a
+// cluster node, with its configuration in nodes.conf of its directory and,
+// where v has the directive, its bus on a free port of its own (a server
+// without it must be started on a port from FreePortWithBus).
+func ClusterArgs(v Version) []string {
+	args := []string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"}
+	if v.ClusterPort() {
+		if bus, err := FreePort(); err == nil {
+			args = append(args, "--cluster-port", strconv.Itoa(bus))
+		}
+	}
+	return args
+}
+
+// busOffset is where a server without cluster-port puts its cluster bus:
+// the client port + 10000.
+const busOffset = 10000
+
+// freePortWithBus returns a loopback port that was free a moment ago, with
+// the port busOffset above it free too.
+func freePortWithBus() (int, error) {
+	for try := 0; try < 100; try++ {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return 0, err
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		if port+busOffset <= 65535 {
+			if bus, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port+busOffset)); err == nil {
+				_ = bus.Close()
+				_ = l.Close()
+				return port, nil
+			}
+		}
+		_ = l.Close()
+	}
+	return 0, fmt.Errorf("no free port with port+%d free after 100 tries", busOffset)
+}
+
+// FreePortWithBus returns a port for a cluster node of version v: any free
+// port where v has cluster-port, else one whose port + 10000, the bus, is
+// free too.
+func FreePortWithBus(v Version) (int, error) {
+	if v.ClusterPort() {
+		return FreePort()
+	}
+	return freePortWithBus()
 }
 
 // sortRoles fills Masters and Replicas from nodes and reports whether the
@@ -312,6 +366,26 @@ func (c *Cluster) ReplicaOf(t testing.TB, master *Node) *Node {
 	}
 	t.Fatalf("no replica of %v", master)
 	return nil
+}
+
+// RequireShardedPubSub skips the test where the redis-server on PATH has
+// no sharded pub/sub (Redis 6.2): there is no shard subscription to count,
+// and a cluster's release messages go by PUBLISH, which every node relays.
+func RequireShardedPubSub(t testing.TB) {
+	t.Helper()
+	if v := ServerVersion(t); !v.ShardedPubSub() {
+		t.Skipf("%v has no sharded pub/sub (SPUBLISH): this test counts shard subscriptions", v)
+	}
+}
+
+// SubscribeShard subscribes to channel on n, as a Client of the locks of
+// its slot does: SSUBSCRIBE where the server has sharded pub/sub, else
+// SUBSCRIBE (a PUBLISH on any node of the cluster reaches it).
+func (n *Node) SubscribeShard(ctx context.Context, channel string) *redis.PubSub {
+	if v, err := BinaryVersion(n.bin); err == nil && !v.ShardedPubSub() {
+		return n.RDB.Subscribe(ctx, channel)
+	}
+	return n.RDB.SSubscribe(ctx, channel)
 }
 
 // ShardSubs returns the shard-channel subscribers of channel on n.
