@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"sync"
 	"syscall"
 	"testing"
@@ -211,29 +210,12 @@ func TestTryLockBesideStalledLockNeverPanics(t *testing.T) {
 // HTTP server) makes Check fail naming it, and LockContext return a
 // permanent error that says so.
 func TestNotRedis(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			conn, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			_, _ = conn.Write([]byte("HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n"))
-			_ = conn.Close()
-		}
-	}()
-	t.Cleanup(func() { _ = ln.Close(); <-done })
-	c := clientOn(t, newRDB(t, &redis.Options{Addr: ln.Addr().String(), MaxRetries: -1}))
+	c := clientOn(t, newRDB(t, &redis.Options{Addr: fakeHTTP(t), MaxRetries: -1}))
 	ctx := testCtx(t, hangGuard)
 	if err := c.Check(ctx); !errors.Is(err, errNotRedis) {
 		t.Errorf("Check of an HTTP server: got %v, want an error saying it is not Redis", err)
 	}
-	err = c.NewMutex(lockName(t)).LockContext(ctx)
+	err := c.NewMutex(lockName(t)).LockContext(ctx)
 	if !errors.Is(err, errNotRedis) || ctx.Err() != nil {
 		t.Errorf("LockContext on an HTTP server: got %v, want at once an error saying it is not Redis", err)
 	}

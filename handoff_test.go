@@ -15,28 +15,44 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// queuedWaiter is a lock held by one Client and a goroutine of another
+// Client waiting for it in the queue, under the entry its first call wrote.
+type queuedWaiter struct {
+	k      lockKeyNames
+	ctx    context.Context
+	rdb    *redis.Client
+	holder *DistMutex
+	wc     *Client
+	wm     *DistMutex
+	w      *bgLock
+	entry  string
+}
+
+func queueWaiter(t *testing.T, b *testBackend) *queuedWaiter {
+	t.Helper()
+	name := lockName(t)
+	q := &queuedWaiter{k: keysOf(name), ctx: context.Background(), rdb: b.rdb(t), holder: b.client(t).NewMutex(name), wc: b.client(t)}
+	q.holder.Lock()
+	q.wm = q.wc.NewMutex(name)
+	q.w = goLock(t, q.wm)
+	waitFor(t, "the waiter in the queue", func() bool {
+		e := q.rdb.LRange(q.ctx, q.k.queue, 0, -1).Val()
+		if len(e) == 1 {
+			q.entry = e[0]
+		}
+		return len(e) == 1
+	})
+	return q
+}
+
 // TestStaleGrantAfterEntryGone: a waiter's queue entry vanishes (it was
 // handed the lock, whose claim ran out before the grant message arrived, or
 // it expired). The waiter queues again under a new entry, and the old grant,
 // arriving late, is not taken for the new wait: that would let two holders in.
 func TestStaleGrantAfterEntryGone(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b *testBackend) {
-		name := lockName(t)
-		k := keysOf(name)
-		ctx := context.Background()
-		rdb := b.rdb(t)
-		holder := b.client(t).NewMutex(name)
-		holder.Lock()
-		wc := b.client(t)
-		w := goLock(t, wc.NewMutex(name))
-		var old string
-		waitFor(t, "the waiter in the queue", func() bool {
-			e := rdb.LRange(ctx, k.queue, 0, -1).Val()
-			if len(e) == 1 {
-				old = e[0]
-			}
-			return len(e) == 1
-		})
+		q := queueWaiter(t, b)
+		k, ctx, rdb, holder, wc, w, old := q.k, q.ctx, q.rdb, q.holder, q.wc, q.w, q.entry
 		require.NoError(t, rdb.Del(ctx, k.queue).Err()) // the entry is gone
 		if b.mr != nil {
 			b.mr.FastForward(maxQueueTTL) // the waiter's next refresh is due
@@ -191,26 +207,11 @@ func TestMessageBeforeWaiterRegistered(t *testing.T) {
 // would let two holders in.
 func TestStaleGrantOfAnEarlierEntryState(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b *testBackend) {
-		name := lockName(t)
-		k := keysOf(name)
-		ctx := context.Background()
-		rdb := b.rdb(t)
-		holder := b.client(t).NewMutex(name)
-		holder.Lock()
-		wc := b.client(t)
-		wm := wc.NewMutex(name)
-		w := goLock(t, wm)
-		var first string
-		waitFor(t, "the waiter in the queue", func() bool {
-			e := rdb.LRange(ctx, k.queue, 0, -1).Val()
-			if len(e) == 1 {
-				first = e[0]
-			}
-			return len(e) == 1
-		})
+		q := queueWaiter(t, b)
+		k, ctx, rdb, holder, wc, w, first := q.k, q.ctx, q.rdb, q.holder, q.wc, q.w, q.entry
 		// The grant of that entry state would have lapsed by now: wait out
 		// a claim lease (the waiter refreshes its entry meanwhile).
-		<-time.After(wm.spec.claim + 50*time.Millisecond)
+		<-time.After(q.wm.spec.claim + 50*time.Millisecond)
 		wc.dispatch(k.channel+wc.id, "g 0 "+first)
 		select {
 		case err := <-w.locked:
