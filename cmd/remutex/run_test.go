@@ -474,3 +474,33 @@ func TestRunWaitBoundsAPausedRedis(t *testing.T) {
 		t.Error("the command ran")
 	}
 }
+
+// TestRunForcedReleaseBeforeRenewal: the lock of a running command is
+// force-released and taken by another run before the holder's next
+// renewal (a third of the lease); the command ends first. remutex must not
+// report success: its release finds the hold gone, and it exits with
+// status 79.
+func TestRunForcedReleaseBeforeRenewal(t *testing.T) {
+	t.Parallel()
+	srv := sharedRedis(t)
+	name := lockName(t, "lock")
+	dir := t.TempDir()
+	log, gate := filepath.Join(dir, "log"), filepath.Join(dir, "gate")
+	script := `echo ready >> "$LOG"; while [ ! -e "$GATE" ]; do sleep 0.02; done`
+	p := start(t, cliEnv("LOG="+log, "GATE="+gate), "", "--addr", srv.addr(), "run", "--lease", "30s", name, "--", "sh", "-c", script)
+	await(t, 30*time.Second, "the command to start", func() bool { return fileHas(t, log, "ready") })
+
+	if code, stdout, stderr := run(t, cliEnv(), "", "--addr", srv.addr(), "unlock", "--force", "--yes", name); code != 0 {
+		t.Fatalf("unlock --force: exit status %d; stdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+	}
+	other := filepath.Join(dir, "other")
+	if code, _, stderr := run(t, cliEnv("OUT="+other), "", "--addr", srv.addr(), "run", "--wait", "0", name, "--", "sh", "-c", `echo ran > "$OUT"`); code != 0 {
+		t.Fatalf("a second run after the forced release: exit status %d, want 0; stderr:\n%s", code, stderr)
+	}
+	if err := os.WriteFile(gate, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if code := p.wait(30 * time.Second); code != exitLost {
+		t.Errorf("the first run, whose lock was taken from it: exit status %d, want %d; stderr:\n%s", code, exitLost, p.stderr())
+	}
+}
