@@ -3,6 +3,7 @@ package remutex
 import (
 	"context"
 	"errors"
+	"fmt"
 	"runtime"
 	"sync"
 	"time"
@@ -56,6 +57,9 @@ type batcher struct {
 	// once close has waited long enough for them; stop ends it.
 	stopped context.Context
 	stop    context.CancelFunc
+	// The context of the drainer's rounds (see batchContext); a drainer
+	// starts only after the last one ended (see take), under mu.
+	roundCtx detached
 }
 
 // pending is one queued call (or job) and what its caller waits on.
@@ -89,6 +93,19 @@ type postedKey struct{}
 // for its reply.
 var errPosted = errors.New("remutex: call posted")
 
+// unlockCtx is the context of the calls of Unlock (Release, RUnlock): it
+// never ends, but a caller that waits on its call is answered after
+// UnlockTimeout whatever Redis does, errUnlockBound (see batcher.wait).
+// Unlock needs no context of its own per call for that, and its
+// uncontended cycle no allocations.
+var unlockCtx context.Context = bounded{context.Background()}
+
+type bounded struct{ context.Context }
+
+// errUnlockBound is the error of a call of unlockCtx that got no answer in
+// time: it may still be applied (see postCtx).
+var errUnlockBound = fmt.Errorf("Redis did not answer within %v: %w", UnlockTimeout, context.DeadlineExceeded)
+
 // postCtx returns a context for calls that undo or leave behind what a call
 // cut off by its caller's context may have done: each is queued behind that
 // call before the caller goes on, and sent by the drainer while the caller
@@ -121,7 +138,7 @@ func (b *batcher) do(ctx context.Context, cl *call) error { return b.doPair(ctx,
 // doPair is do for cl and, if not nil, cl2 after it in the same round trip.
 func (b *batcher) doPair(ctx context.Context, cl, cl2 *call) error {
 	b.mu.Lock()
-	if !b.closed && ctx.Done() == nil && b.alone == 0 && !b.drainer && !isPosted(ctx) {
+	if !b.closed && ctx.Done() == nil && ctx != unlockCtx && b.alone == 0 && !b.drainer && !isPosted(ctx) {
 		b.alone++
 		b.mu.Unlock()
 		if cl2 == nil {
@@ -191,9 +208,23 @@ func (b *batcher) enqueueLocked(ctx context.Context, cl, cl2 *call, f func(conte
 }
 
 // wait waits for p's round, then takes its reply with got; or returns
-// ctx's error when ctx ends first.
+// ctx's error when ctx ends first (errUnlockBound after UnlockTimeout for
+// unlockCtx).
 func (b *batcher) wait(ctx context.Context, p *pending, got func()) error {
+	var bound <-chan time.Time
+	if ctx == unlockCtx {
+		t := timerPool.Get().(*time.Timer)
+		t.Reset(UnlockTimeout)
+		defer func() {
+			t.Stop()
+			timerPool.Put(t)
+		}()
+		bound = t.C
+	}
 	select {
+	case <-bound:
+		b.abandon(p)
+		return errUnlockBound
 	case <-p.done:
 		err := p.err
 		if err == nil {
@@ -220,6 +251,13 @@ func (b *batcher) abandon(p *pending) {
 	}
 	b.mu.Unlock()
 }
+
+// timerPool holds stopped timers (see batcher.wait).
+var timerPool = sync.Pool{New: func() any {
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	return t
+}}
 
 func (p *pending) release() {
 	*p = pending{done: p.done}
@@ -431,7 +469,10 @@ func (p *pending) add(ps []*pending, calls []*call) ([]*pending, []*call) {
 // deadlines (with no deadline if one has none), so that a server that does
 // not answer holds up no longer than its callers would have waited.
 func (b *batcher) batchContext(ps []*pending) (context.Context, context.CancelFunc) {
-	ctx := b.detach(ps[0].ctx)
+	// (The drainer's own, reused round after round: go-redis keeps no
+	// context past a call.)
+	b.roundCtx = detached{Context: b.stopped, values: ps[0].ctx}
+	ctx := context.Context(&b.roundCtx)
 	var latest time.Time
 	for _, p := range ps {
 		if p.until.IsZero() {

@@ -256,9 +256,7 @@ func (m *DistMutex) TryLockContext(ctx context.Context) (bool, error) {
 // again in the background, and the lock expires within its lease if it
 // never does.
 func (m *DistMutex) Unlock() {
-	ctx, cancel := context.WithTimeout(context.Background(), UnlockTimeout)
-	defer cancel()
-	if err := m.unlock(ctx, true); err != nil {
+	if err := m.unlock(unlockCtx, true); err != nil {
 		m.c.report(err)
 	}
 }

@@ -204,9 +204,7 @@ func (s *DistSemaphore) acquire(ctx context.Context, n int64, try bool) (*hold, 
 // lost permits not released yet (x/sync panics likewise). It returns
 // within UnlockTimeout (1s) whatever Redis does, as DistMutex.Unlock.
 func (s *DistSemaphore) Release(n int64) {
-	ctx, cancel := context.WithTimeout(context.Background(), UnlockTimeout)
-	defer cancel()
-	if err := s.release(ctx, n, true); err != nil {
+	if err := s.release(unlockCtx, n, true); err != nil {
 		s.m.c.report(err)
 	}
 }

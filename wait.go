@@ -69,10 +69,14 @@ func (m *DistMutex) initAttemptLocked(a *attempt, gid int64, try bool) {
 // behind a call cut off), finds nothing of a later one to change.
 func (m *DistMutex) newOwnerLocked(gid int64) string {
 	c := m.c
+	var b [128]byte // (one allocation: the string)
+	buf := append(append(b[:0], c.id...), ':')
 	if !m.reentrant {
-		return c.id + ":n" + strconv.FormatUint(c.nextSeqLocked(), 10)
+		buf = append(buf, 'n')
+	} else {
+		buf = append(strconv.AppendInt(buf, gid, 10), '.')
 	}
-	return c.id + ":" + strconv.FormatInt(gid, 10) + "." + strconv.FormatUint(c.nextSeqLocked(), 10)
+	return string(strconv.AppendUint(buf, c.nextSeqLocked(), 10))
 }
 
 // run takes the lock: one call that acquires it or queues the caller, then,
