@@ -411,7 +411,7 @@ func (m *DistMutex) take(ctx context.Context, gid int64, try bool, permits int) 
 	m.initAttemptLocked(&a, gid, try)
 	a.permits = permits
 	left := c.stateLocked(m).takeLeftoversOfLocked(gid)
-	var pairLeft []interface{}
+	var pairLeft []leftover
 	if m.pair != nil && !a.pinned {
 		pairLeft = c.stateLocked(m.pair).takeLeftoversOfLocked(gid)
 	}
@@ -422,8 +422,8 @@ func (m *DistMutex) take(ctx context.Context, gid int64, try bool, permits int) 
 		c.attemptDoneLocked(1)
 		c.mu.Unlock()
 	}()
-	m.pair.clearLeftovers(ctx, pairLeft, gid)
-	m.clearLeftovers(ctx, left, gid)
+	m.pair.clearLeftovers(ctx, pairLeft)
+	m.clearLeftovers(ctx, left)
 	held, err := a.run(ctx)
 	if try && err != nil && (cutOff(ctx, err) || transient(err) || errors.Is(err, ErrClosed)) {
 		m.undoTry(ctx, a.owner)

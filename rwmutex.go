@@ -177,8 +177,9 @@ func (m *DistMutex) upgradeLocked(gid int64) bool {
 }
 
 // pinnedOwnerLocked gives a read attempt of a goroutine that holds the write
-// lock (reentrant) the write hold's owner token: the scripts let the writer
-// read under its own write hold. It reports whether it did.
+// lock (reentrant) an owner token of its own that names the write hold's:
+// <write token>/r<n>. The scripts let a reader whose token names a writer
+// of the lock read under that write hold. It reports whether it did.
 func (m *DistMutex) pinnedOwnerLocked(a *attempt, gid int64) bool {
 	if m.pair == nil || !m.spec.read || !m.reentrant {
 		return false
@@ -187,6 +188,7 @@ func (m *DistMutex) pinnedOwnerLocked(a *attempt, gid int64) bool {
 	if h == nil {
 		return false
 	}
-	a.owner, a.pinned = h.owner, true
+	a.pin, a.pinned = ownerString(h.owner), true
+	a.owner = a.freshOwnerLocked()
 	return true
 }

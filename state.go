@@ -38,8 +38,9 @@ type lockState struct {
 // failed): its field may stay on the server until its lease ends there.
 type leftover struct {
 	owner interface{}
-	gid   int64 // its goroutine (NonReentrant: 0)
-	until time.Time
+	gid   int64     // its goroutine (NonReentrant: 0)
+	until time.Time // its lease's end: then the server has dropped it
+	kept  time.Time // the end of its minimum hold (WithMinHold), kept by its release
 }
 
 // leftOverLocked records that h was dropped while its field may still be on
@@ -53,7 +54,7 @@ func (m *DistMutex) leftOverLocked(h *hold) {
 		return
 	}
 	st := m.c.stateLocked(m)
-	st.leftovers = append(st.leftovers, leftover{owner: h.owner, gid: h.gid, until: time.Now().Add(m.spec.lease)})
+	st.leftovers = append(st.leftovers, leftover{owner: h.owner, gid: h.gid, until: time.Now().Add(m.spec.lease), kept: h.acquired.Add(m.spec.minHold)})
 }
 
 func (m *DistMutex) leftOver(h *hold) {
@@ -68,23 +69,23 @@ func (st *lockState) takeLeftoverLocked(owner interface{}) bool {
 	return len(st.takeLeftoversLocked(func(l leftover) bool { return l.owner == owner })) > 0
 }
 
-// takeLeftoversOfLocked removes and returns the owner tokens that goroutine
-// gid left on the server.
-func (st *lockState) takeLeftoversOfLocked(gid int64) []interface{} {
+// takeLeftoversOfLocked removes and returns what goroutine gid left on the
+// server.
+func (st *lockState) takeLeftoversOfLocked(gid int64) []leftover {
 	return st.takeLeftoversLocked(func(l leftover) bool { return l.gid == gid })
 }
 
-func (st *lockState) takeLeftoversLocked(match func(leftover) bool) []interface{} {
+func (st *lockState) takeLeftoversLocked(match func(leftover) bool) []leftover {
 	if len(st.leftovers) == 0 {
 		return nil
 	}
-	var found []interface{}
+	var found []leftover
 	now, keep := time.Now(), st.leftovers[:0]
 	for _, l := range st.leftovers {
 		switch {
 		case !now.Before(l.until):
 		case match(l):
-			found = append(found, l.owner)
+			found = append(found, l)
 		default:
 			keep = append(keep, l)
 		}
@@ -99,10 +100,14 @@ func (st *lockState) takeLeftoversLocked(match func(leftover) bool) []interface{
 // reader on the server for a moment), the fields its ended holds may have
 // left there; the attempt would otherwise wait for them. What cannot be
 // released now stays a leftover, and ends by its lease.
-func (m *DistMutex) clearLeftovers(ctx context.Context, owners []interface{}, gid int64) {
-	for _, owner := range owners {
-		if err := rollback(ctx, m.c.be, &m.spec, owner, "0"); err != nil {
-			m.leftOver(&hold{owner: owner, gid: gid})
+// (Its release keeps the rest of its minimum hold.)
+func (m *DistMutex) clearLeftovers(ctx context.Context, ls []leftover) {
+	for _, l := range ls {
+		if err := rollback(ctx, m.c.be, &m.spec, l.owner, keepArg(l.kept)); err != nil {
+			m.c.mu.Lock()
+			st := m.c.stateLocked(m)
+			st.leftovers = append(st.leftovers, l)
+			m.c.mu.Unlock()
 		}
 	}
 }

@@ -164,7 +164,13 @@ func (m *DistMutex) releaseArg(h *hold, want int) interface{} {
 	if want > 0 {
 		return m.spec.keepArg
 	}
-	if keep := m.spec.minHold - time.Since(h.acquired); keep >= time.Millisecond {
+	return keepArg(h.acquired.Add(m.spec.minHold))
+}
+
+// keepArg is the lease argument of a final release that keeps the key taken
+// by nobody until end (the end of a minimum hold): the ms left, or "0".
+func keepArg(end time.Time) interface{} {
+	if keep := time.Until(end); keep >= time.Millisecond {
 		return strconv.FormatInt(keep.Milliseconds(), 10)
 	}
 	return "0"

@@ -18,7 +18,8 @@ type attempt struct {
 	held    *hold // the hold it took, once complete
 
 	owner  interface{} // the owner token (a string), boxed once for script calls
-	pinned bool        // owner is the goroutine's write hold's: a read under it
+	pinned bool        // a read under the goroutine's write hold, whose token is pin
+	pin    string
 	// entryOwner is the owner its queue entry names where that is not the
 	// owner of each try: a quorum's tries each have a token of their own,
 	// and its wait keeps one entry.
@@ -133,11 +134,11 @@ func (a *attempt) unwatch() {
 func (a *attempt) call(ctx context.Context) (reply, error) {
 	m := a.m
 	c := m.c
-	if c.be.freshOwners() && !a.pinned {
+	if c.be.freshOwners() {
 		// A quorum gives back, in the background, what a failed try got
 		// late: a token per try keeps that from touching a later try.
 		c.mu.Lock()
-		a.owner = m.newOwnerLocked(a.gid)
+		a.owner = a.freshOwnerLocked()
 		c.mu.Unlock()
 	}
 	a.heardAtSend = a.watching && isClosed(c.be.ready(m.spec.channel))
@@ -217,18 +218,27 @@ func (a *attempt) giveBack(ctx context.Context) {
 	_ = m.c.be.leave(postCtx(ctx, max(m.spec.lease, time.Second)), &m.spec, a.owner, a.entries())
 }
 
+// freshOwnerLocked returns a new owner token for the attempt: see
+// newOwnerLocked, and pinnedOwnerLocked for a read under the goroutine's
+// write hold.
+func (a *attempt) freshOwnerLocked() string {
+	if a.pinned {
+		return a.pin + "/r" + strconv.FormatUint(a.m.c.nextSeqLocked(), 10)
+	}
+	return a.m.newOwnerLocked(a.gid)
+}
+
 // renewOwner gives the attempt an owner token and a wait of its own anew,
 // after it gave back a grant of the previous one: a later call or grant of
 // the same token could be undone by that give-back, however late it
-// arrives. (A quorum's tries have their own tokens; a read under the
-// goroutine's write hold keeps the write hold's.)
+// arrives. (A quorum's tries have their own tokens.)
 func (a *attempt) renewOwner() {
-	if a.pinned || a.m.c.be.freshOwners() {
+	if a.m.c.be.freshOwners() {
 		return
 	}
 	c := a.m.c
 	c.mu.Lock()
-	a.owner = a.m.newOwnerLocked(a.gid)
+	a.owner = a.freshOwnerLocked()
 	a.newWaitIDLocked()
 	c.mu.Unlock()
 	a.refreshed = time.Time{}

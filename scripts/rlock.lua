@@ -60,9 +60,13 @@ local function take()
 end
 
 -- Ours already (a resend, or a grant not heard of yet), or the writer
--- reading under its own write hold.
+-- reading under its own write hold: the reader's token is then the
+-- writer's, '/r' and a number (see pinnedOwnerLocked).
 if cur then return take() end
-local w = redis.pcall('hexists', KEYS[1], owner)
+local writer = owner
+local slash = string.find(owner, '/', 1, true)
+if slash then writer = string.sub(owner, 1, slash - 1) end
+local w = redis.pcall('hexists', KEYS[1], writer)
 if type(w) == 'table' then return type_error(KEYS[1], 'hash') end
 if w == 1 then return take() end
 

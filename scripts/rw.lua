@@ -103,7 +103,9 @@ local function grant_readers()
         end
       else
         redis.call('lpop', KEYS[3])
-        if claim then
+        -- (A second entry of a wait that holds already, a late copy of its
+        -- first call's: it must not cut that hold back to a claim.)
+        if claim and not redis.call('zscore', R, owner) then
           add_reader(owner, claim)
           local f = 0
           if flag == 'R' then f = latest_fence() end

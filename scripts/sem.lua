@@ -105,7 +105,9 @@ local function grant_sem(total, size)
     n = tonumber(n)
     if claim and total + n > size then return served end
     redis.call('lpop', KEYS[3])
-    if claim then
+    -- (A second entry of a wait that holds already, a late copy of its
+    -- first call's: it must not cut that holding back to a claim.)
+    if claim and redis.call('hexists', H, owner) == 0 then
       local f = 0
       if flag == 'S' then f = next_fence() end
       add_holder(owner, n, claim, f)

@@ -74,7 +74,15 @@ if head and head ~= entry and grant_sem(total, size) > 0 then
   -- Heads that fit were served (a holder's lease ran out, or the release
   -- that freed the permits has not passed them on yet): the caller may be
   -- among them, or at the head now.
-  if redis.call('hexists', H, owner) == 1 then return token_of(owner) end
+  if redis.call('hexists', H, owner) == 1 then
+    -- Granted a claim: the caller takes it now, for the full lease, as if
+    -- it had found it in the free path.
+    local f = token_of(owner)
+    add_holder(owner, want, lease, f)
+    if entry then redis.call('lrem', queue, 1, entry) end
+    if prev then redis.call('lrem', queue, 1, prev) end
+    return f
+  end
   total, soonest = held(false)
   head = redis.call('lindex', queue, 0)
 end
