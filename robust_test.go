@@ -95,6 +95,7 @@ type robustEnv struct {
 	callRounds          map[string][]robustCall // by the nemesis: the calls each request fault takes next
 	stop                <-chan struct{}         // closed when the traffic stops
 	stopAt, freeAt      time.Duration           // when the traffic stopped, when every lock was free again
+	slow                []string                // the calls still under way 2s after the faults were healed
 	stats               robustStats
 }
 
@@ -253,15 +254,29 @@ func (env *robustEnv) run(d time.Duration) time.Duration {
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
 	patience := 5*env.cfg.maxLease() + env.cfg.minHold + 15*time.Second
-	select {
-	case <-done:
-	case <-time.After(patience):
-		for _, w := range workers {
-			if s := w.doing.Load().(string); s != "" {
-				env.hist.violation("liveness", w.who, "stuck in %s, %v after the faults were healed", s, patience)
+	stuck := time.NewTimer(patience)
+	defer stuck.Stop()
+	slow := time.NewTimer(2 * time.Second) // what a slow end waits for, for the report
+	defer slow.Stop()
+	for waiting := true; waiting; {
+		select {
+		case <-done:
+			waiting = false
+		case <-slow.C:
+			for _, w := range workers {
+				if s := w.doing.Load().(string); s != "" {
+					env.slow = append(env.slow, w.who+": "+s)
+					env.hist.log("run", "%s still in %s", w.who, s)
+				}
 			}
+		case <-stuck.C:
+			for _, w := range workers {
+				if s := w.doing.Load().(string); s != "" {
+					env.hist.violation("liveness", w.who, "stuck in %s, %v after the faults were healed", s, patience)
+				}
+			}
+			return env.hist.now()
 		}
-		return env.hist.now()
 	}
 	end := env.hist.now()
 	env.hist.log("run", "every worker returned")
@@ -334,6 +349,9 @@ func (env *robustEnv) report(t *testing.T, end time.Duration, replay string) {
 		len(h.holds), lost, len(h.restarts), env.faults, handled, strings.Join(stats, "\n\t"))
 	t.Logf("traffic stopped at %v; every worker returned %v later, every lock was free %v later",
 		fmtAt(env.stopAt), (end - env.stopAt).Round(time.Millisecond), (env.freeAt - end).Round(time.Millisecond))
+	if len(env.slow) > 0 {
+		t.Logf("calls still under way 2s after the faults were healed:\n\t%s", strings.Join(env.slow, "\n\t"))
+	}
 	t.Logf("request and one-way faults that took something: %v; lock calls they took: %v; kinds that did nothing: %v",
 		env.fired, env.hits, env.unfired())
 	if len(near) > 0 {
