@@ -88,8 +88,15 @@ type robustEnv struct {
 	clients    []*robustClient
 	oracle     *Client // fault-free, straight to the server
 	failpoints []robustFailpoint
-	faults     map[string]int // by the nemesis only, read after it is joined
-	stats      robustStats
+	// By the nemesis only, read after it is joined: faults injected by
+	// kind; of the kinds that take requests or replies, how many took
+	// some; and the calls they took, by kind of call.
+	faults, fired, hits map[string]int
+	callRounds          map[string][]robustCall // by the nemesis: the calls each request fault takes next
+	stop                <-chan struct{}         // closed when the traffic stops
+	stopAt, freeAt      time.Duration           // when the traffic stopped, when every lock was free again
+	slow                []string                // the calls still under way 2s after the faults were healed
+	stats               robustStats
 }
 
 // newRobustEnv starts a redis-server and the Clients of a run of seed.
@@ -97,7 +104,8 @@ func newRobustEnv(t testing.TB, seed uint64, clients, workers int) *robustEnv {
 	t.Helper()
 	r := rand.New(rand.NewPCG(seed, 0))
 	env := &robustEnv{t: t, seed: seed, grace: *robustGraceFlag, hist: newRobustHistory(),
-		failpoints: robustFailpoints, faults: map[string]int{}, stats: robustStats{n: map[string]int{}}}
+		failpoints: robustFailpoints, faults: map[string]int{}, fired: map[string]int{}, hits: map[string]int{},
+		callRounds: map[string][]robustCall{}, stats: robustStats{n: map[string]int{}}}
 	// Leases from 200ms to 2s, around a reference lease of 300ms to 1s.
 	env.lease = 300*time.Millisecond + time.Duration(r.Int64N(int64(700*time.Millisecond)))
 	lease := func() time.Duration {
@@ -164,13 +172,18 @@ func (env *robustEnv) newClient(i int, r *rand.Rand, quiet *slog.Logger) *robust
 		opt.MaxRetries = -1
 		opts = append(opts, "MaxRetries -1")
 	}
+	link.readTimeout = opt.ReadTimeout
+	if link.readTimeout == 0 {
+		link.readTimeout = 3 * time.Second // go-redis's default
+	}
 	rdb := redis.NewClient(opt)
 	t.Cleanup(func() { _ = rdb.Close() })
 	cl := &robustClient{idx: i}
 	who := fmt.Sprintf("c%d", i)
 	cl.c = NewClient(rdb, WithLogger(quiet), WithErrorHandler(func(err error) {
 		cl.errs.Add(1)
-		env.hist.log(who, "error handler: %v", err)
+		at := env.hist.log(who, "error handler: %v", err)
+		cl.heard(at, err)
 	}))
 	t.Cleanup(func() { _ = cl.c.Close() })
 	cfg := env.cfg
@@ -218,6 +231,7 @@ func (env *robustEnv) count(call string, err error) {
 // checks that every lock is free again. It returns the workers' end.
 func (env *robustEnv) run(d time.Duration) time.Duration {
 	stop := make(chan struct{})
+	env.stop = stop
 	nemesisDone := make(chan struct{})
 	go env.nemesis(rand.New(rand.NewPCG(env.seed, 1)), stop, nemesisDone)
 	var workers []*robustWorker
@@ -234,25 +248,40 @@ func (env *robustEnv) run(d time.Duration) time.Duration {
 		}
 	}
 	time.Sleep(d)
-	env.hist.log("run", "traffic stops")
+	env.stopAt = env.hist.log("run", "traffic stops")
 	close(stop)
 	<-nemesisDone
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
 	patience := 5*env.cfg.maxLease() + env.cfg.minHold + 15*time.Second
-	select {
-	case <-done:
-	case <-time.After(patience):
-		for _, w := range workers {
-			if s := w.doing.Load().(string); s != "" {
-				env.hist.violation("liveness", w.who, "stuck in %s, %v after the faults were healed", s, patience)
+	stuck := time.NewTimer(patience)
+	defer stuck.Stop()
+	slow := time.NewTimer(2 * time.Second) // what a slow end waits for, for the report
+	defer slow.Stop()
+	for waiting := true; waiting; {
+		select {
+		case <-done:
+			waiting = false
+		case <-slow.C:
+			for _, w := range workers {
+				if s := w.doing.Load().(string); s != "" {
+					env.slow = append(env.slow, w.who+": "+s)
+					env.hist.log("run", "%s still in %s", w.who, s)
+				}
 			}
+		case <-stuck.C:
+			for _, w := range workers {
+				if s := w.doing.Load().(string); s != "" {
+					env.hist.violation("liveness", w.who, "stuck in %s, %v after the faults were healed", s, patience)
+				}
+			}
+			return env.hist.now()
 		}
-		return env.hist.now()
 	}
 	end := env.hist.now()
 	env.hist.log("run", "every worker returned")
 	env.checkFree()
+	env.freeAt = env.hist.now()
 	return end
 }
 
@@ -318,6 +347,13 @@ func (env *robustEnv) report(t *testing.T, end time.Duration, replay string) {
 	}
 	t.Logf("%d holds (%d lost), %d restarts, faults %v, %d errors reported to the handlers; calls:\n\t%s",
 		len(h.holds), lost, len(h.restarts), env.faults, handled, strings.Join(stats, "\n\t"))
+	t.Logf("traffic stopped at %v; every worker returned %v later, every lock was free %v later",
+		fmtAt(env.stopAt), (end - env.stopAt).Round(time.Millisecond), (env.freeAt - end).Round(time.Millisecond))
+	if len(env.slow) > 0 {
+		t.Logf("calls still under way 2s after the faults were healed:\n\t%s", strings.Join(env.slow, "\n\t"))
+	}
+	t.Logf("request and one-way faults that took something: %v; lock calls they took: %v; kinds that did nothing: %v",
+		env.fired, env.hits, env.unfired())
 	if len(near) > 0 {
 		t.Logf("%d near misses (within the grace of %v), the first: %v", len(near), env.grace, near[0])
 	}

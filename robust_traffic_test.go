@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -61,9 +63,38 @@ type robustClient struct {
 	c    *Client
 	errs atomic.Int64 // errors its handler heard
 
+	mu      sync.Mutex
+	reports []robustReport // what its handler heard, in order
+
 	m      [2]robustLocker // one name, two leases
 	mh     robustLocker    // WithMinHold
 	rw, rr robustLocker    // write and read side of one DistRWMutex
+}
+
+// robustReport is an error the Client's handler heard, and when.
+type robustReport struct {
+	at  time.Duration
+	msg string
+}
+
+// heard records an error its handler heard at at.
+func (cl *robustClient) heard(at time.Duration, err error) {
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	cl.reports = append(cl.reports, robustReport{at: at, msg: err.Error()})
+}
+
+// reported returns the first error its handler heard in [from, to] that
+// starts with prefix, or "".
+func (cl *robustClient) reported(from, to time.Duration, prefix string) string {
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	for _, r := range cl.reports {
+		if r.at >= from && r.at <= to && strings.HasPrefix(r.msg, prefix) {
+			return r.msg
+		}
+	}
+	return ""
 }
 
 // robustEntry is a hold a worker has: the history's record and its count.
@@ -326,7 +357,7 @@ func (w *robustWorker) release(l robustLocker) {
 		call = l.label + ".UnlockContext(" + d + ")"
 		f = func() error { return l.unlockCtx(ctx) }
 	}
-	_, _, err := w.call(call, f)
+	invoke, ret, err := w.call(call, f)
 	w.env.count(call, err)
 	e.count--
 	if e.count == 0 {
@@ -337,6 +368,19 @@ func (w *robustWorker) release(l robustLocker) {
 	}
 	w.env.hist.log(w.who, "%s -> %v (count now %d of hold#%d)", call, errText(err), e.count, e.hold.id)
 	w.checkRelease(call, e, err)
+	if e.count > 0 {
+		return
+	}
+	// A final release that failed (its error returned, or an Unlock's told
+	// to the handler) is sent again in the background, and if it gets
+	// through too late the lock expires by its lease: see releaseFailed.
+	why := w.cl.reported(invoke, ret, fmt.Sprintf("remutex: unlock %q", l.name))
+	if err != nil {
+		why = err.Error()
+	}
+	if why != "" {
+		w.env.hist.releaseFailed(e.hold, why)
+	}
 }
 
 // checkRelease records a release outcome that cannot be: a panic, or

@@ -33,6 +33,13 @@ import (
 //     two holds share one.
 //   - Minimum hold: after a WithMinHold hold was released (not lost), no
 //     other Client takes the lock before the minimum hold has passed.
+//     Unless its final release failed (UnlockContext returned an error, or
+//     Unlock told one to the handler): such a release is sent again in the
+//     background, and if that does not get through while the lease runs,
+//     "the lock expires on the server within its lease" (UnlockContext's
+//     doc), minimum hold or not: a holder cut off from Redis cannot keep
+//     anything there. (TestMinHoldKeptByAPostedRelease checks that a
+//     posted release that gets through keeps the minimum hold.)
 //   - Outcomes against Redis: right after an acquisition and before its
 //     release the worker asks Redis through a fault-free Client (Inspect)
 //     whether the hold it believes in is the one Redis has (same fence,
@@ -77,8 +84,10 @@ type robustHold struct {
 
 	invoke, start time.Duration // the acquiring call's invocation and return
 	// lostAt is when the watcher saw Lost closed; releaseAt when the
-	// release began: -1 until then. Guarded by the history's mu.
+	// release began: -1 until then. releaseErr is why the final release
+	// failed, "" if it did not. Guarded by the history's mu.
 	lostAt, releaseAt time.Duration
+	releaseErr        string
 	// ambiguous: Lost was closed already when the hold was recorded (lost
 	// at once); such a hold is not checked.
 	ambiguous bool
@@ -97,6 +106,8 @@ func (h *robustHold) String() string {
 	switch {
 	case h.lostAt >= 0 && (h.releaseAt < 0 || h.lostAt < h.releaseAt):
 		s += ", lost " + fmtAt(h.lostAt)
+	case h.releaseAt >= 0 && h.releaseErr != "":
+		s += ", released " + fmtAt(h.releaseAt) + " (failed)"
 	case h.releaseAt >= 0:
 		s += ", released " + fmtAt(h.releaseAt)
 	default:
@@ -190,6 +201,13 @@ func (h *robustHistory) releasing(hd *robustHold) {
 	if hd.releaseAt < 0 {
 		hd.releaseAt = h.now()
 	}
+}
+
+// releaseFailed records that hd's final release failed, and why.
+func (h *robustHistory) releaseFailed(hd *robustHold, why string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	hd.releaseErr = why
 }
 
 // watch records when lost closes, until the returned function stops it;
@@ -450,7 +468,7 @@ func checkFences(holds []*robustHold) (bad []robustViolation) {
 // WithMinHold hold's minimum hold had passed.
 func (h *robustHistory) checkMinHold(holds []*robustHold, lim robustLimits) (bad []robustViolation) {
 	for _, a := range holds {
-		if a.minHold == 0 || a.releaseAt < 0 || a.lostAt >= 0 && a.lostAt <= a.releaseAt {
+		if a.minHold == 0 || a.releaseAt < 0 || a.lostAt >= 0 && a.lostAt <= a.releaseAt || a.releaseErr != "" {
 			continue
 		}
 		until := a.start + a.minHold - lim.grace
@@ -500,6 +518,7 @@ func TestRobustChecker(t *testing.T) {
 	ex, sh, pm := modeExclusive, modeShared, modePermits
 	ignoring := func(h *robustHold) *robustHold { h.ignoreLost = true; return h }
 	minHold := func(h *robustHold, d int) *robustHold { h.minHold = ms(d); return h }
+	failed := func(h *robustHold) *robustHold { h.releaseErr = "context deadline exceeded"; return h }
 	tests := []struct {
 		name      string
 		holds     []*robustHold
@@ -544,6 +563,8 @@ func TestRobustChecker(t *testing.T) {
 		{name: "minimum hold not kept", holds: []*robustHold{
 			minHold(hold(m, 1, ex, 0, 1, 0, 1, -1, 50), 300), hold(m, 2, ex, 0, 2, 10, 100, -1, 150)},
 			bad: []string{"minimum hold not kept"}},
+		{name: "minimum hold of a release that failed", holds: []*robustHold{
+			failed(minHold(hold(m, 1, ex, 0, 1, 0, 1, -1, 50), 300)), hold(m, 2, ex, 0, 2, 10, 100, -1, 150)}},
 		{name: "minimum hold kept", holds: []*robustHold{
 			minHold(hold(m, 1, ex, 0, 1, 0, 1, -1, 50), 300), hold(m, 2, ex, 0, 2, 10, 301, -1, 350)}},
 		{name: "a probe that found another hold", holds: []*robustHold{hold(m, 1, ex, 0, 1, 0, 1, -1, 50)},
