@@ -94,7 +94,11 @@ func WithoutRenewal() MutexOption {
 // and the time left as its TTL; ForceUnlock releases it; deleting the key
 // frees it early. With WithoutRenewal (the fixed lease: "lock at most for")
 // d must not exceed the lease. For scheduled jobs: a tick of T and clock
-// skew S want S < d < T. Default: 0, the lock is free at Unlock. d outside
+// skew S want S < d < T. Every release that ends a hold keeps its minimum
+// hold, also one sent again in the background after a call cut off; one
+// that cannot reach Redis before the hold's lease ends there (a partition)
+// cannot, and the key then ends with the lease. Default: 0, the lock is
+// free at Unlock. d outside
 // MinLease..MaxLease (or above a fixed lease) panics in NewMutex, as does
 // the option for a DistRWMutex.
 func WithMinHold(d time.Duration) MutexOption {
