@@ -50,6 +50,7 @@ type acquireReq struct {
 	entry      string     // the queue entry argument, if given whole; see entryArg
 	place      queuePlace // else what it is built from
 	quick      bool       // an attempt's first call: quick_lock.lua may do, if the lock is calm
+	try        bool       // a TryLock's: a refused connection answers it at once
 }
 
 // queuePlace is where an acquisition stands in the lock's queue: a call

@@ -138,7 +138,7 @@ func (b *batcher) do(ctx context.Context, cl *call) error { return b.doPair(ctx,
 // doPair is do for cl and, if not nil, cl2 after it in the same round trip.
 func (b *batcher) doPair(ctx context.Context, cl, cl2 *call) error {
 	b.mu.Lock()
-	if !b.closed && ctx.Done() == nil && ctx != unlockCtx && b.alone == 0 && !b.drainer && !isPosted(ctx) {
+	if !b.closed && ctx.Done() == nil && ctx != unlockCtx && !cl.try && b.alone == 0 && !b.drainer && !isPosted(ctx) {
 		b.alone++
 		b.mu.Unlock()
 		if cl2 == nil {
@@ -151,12 +151,16 @@ func (b *batcher) doPair(ctx context.Context, cl, cl2 *call) error {
 		b.mu.Unlock()
 		return nil
 	}
+	var refused <-chan struct{}
+	if cl.try {
+		refused = b.n.dials.refusal() // (before the call can dial)
+	}
 	p, err := b.enqueueLocked(ctx, cl, cl2, nil)
 	b.mu.Unlock()
 	if err != nil {
 		return err
 	}
-	return b.wait(ctx, p, func() {
+	return b.waitRefused(ctx, p, refused, func() {
 		cl.cmd = p.cl.cmd
 		if cl2 != nil {
 			cl2.cmd = p.cl2.cmd
@@ -211,6 +215,14 @@ func (b *batcher) enqueueLocked(ctx context.Context, cl, cl2 *call, f func(conte
 // ctx's error when ctx ends first (errUnlockBound after UnlockTimeout for
 // unlockCtx).
 func (b *batcher) wait(ctx context.Context, p *pending, got func()) error {
+	return b.waitRefused(ctx, p, nil, got)
+}
+
+// waitRefused is wait that also returns when refused closes: a dial of
+// the redis client was refused after the call was queued (see dialWatch).
+// The call may still be sent and applied once Redis listens again: it is
+// treated as one whose reply was lost.
+func (b *batcher) waitRefused(ctx context.Context, p *pending, refused <-chan struct{}, got func()) error {
 	var bound <-chan time.Time
 	if ctx == unlockCtx {
 		t := timerPool.Get().(*time.Timer)
@@ -222,6 +234,9 @@ func (b *batcher) wait(ctx context.Context, p *pending, got func()) error {
 		bound = t.C
 	}
 	select {
+	case <-refused:
+		b.abandon(p)
+		return fmt.Errorf("the connection was refused: %w", b.n.dials.refused())
 	case <-bound:
 		b.abandon(p)
 		return errUnlockBound
@@ -544,6 +559,7 @@ func (b *batcher) close(deadline time.Time) {
 // close stops the node: its coalescing of calls (see batcher.close), then
 // its subscriptions.
 func (n *node) close(deadline time.Time) {
+	n.dials.closed.Store(true)
 	n.batch.close(deadline)
 	n.subscriber.close()
 }

@@ -414,3 +414,37 @@ func TestCloseBounded(t *testing.T) {
 		})
 	}
 }
+
+// TestTryLockRefusedPromptly: against an address that refuses connections,
+// TryLock and TryLockContext (without a deadline) answer within half a
+// second (the bound is all slack: a refused dial is an answer), naming the
+// refusal, whatever the go-redis options: go-redis's own dial retries take
+// seconds.
+func TestTryLockRefusedPromptly(t *testing.T) {
+	for _, opts := range optionSets {
+		t.Run(opts.name, func(t *testing.T) {
+			t.Parallel()
+			s := stalls()["refusing"](t)
+			o := &redis.Options{Addr: s.addr}
+			opts.set(o)
+			c, errs := clientWithErrors(t, newRDB(t, o))
+			m := c.NewMutex(lockName(t))
+			for i := range 3 {
+				within(t, fmt.Sprintf("TryLockContext #%d", i), 0, func() error {
+					ok, err := m.TryLockContext(context.Background())
+					if ok || !errors.Is(err, syscall.ECONNREFUSED) {
+						return fmt.Errorf("got (%v, %v), want false and the refusal", ok, err)
+					}
+					return nil
+				})
+			}
+			within(t, "TryLock", 0, func() error {
+				if m.TryLock() {
+					return errors.New("TryLock: got true")
+				}
+				return nil
+			})
+			errs.await(t, syscall.ECONNREFUSED, hangGuard, "TryLock to report the refusal")
+		})
+	}
+}

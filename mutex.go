@@ -205,9 +205,16 @@ func (m *DistMutex) LockContext(ctx context.Context) error {
 // by a call that follows it to Redis in the background. A nested TryLock of
 // a goroutine that holds m raises its count (one round trip).
 //
+// A connection that Redis refuses (nothing listens at its address) is an
+// answer: TryLock and TryLockContext return at the first refused dial
+// (go-redis would otherwise retry it for seconds), with an error matching
+// syscall.ECONNREFUSED; the call may still reach Redis later, and what it
+// may get is released as above. To hear of refused dials the Client adds a
+// hook to the redis client that watches dials and changes nothing.
+//
 // TryLock returns false when the lock is held by another owner, while
 // others wait for it (the queue's head is owed it), when
-// Redis did not answer in time, on a transient error, on a closed Client,
+// Redis did not answer in time or refused the connection, on a transient error, on a closed Client,
 // and for a goroutine that holds only the read lock of a DistRWMutex (the
 // errors are reported to the error handler). It panics on the errors that
 // Lock panics with.

@@ -30,6 +30,7 @@ type node struct {
 	decided   atomic.Bool // shardPub is decided
 	shardPub  atomic.Bool // release messages use sharded pub/sub
 	batch     batcher     // coalesces the lock script calls of concurrent callers
+	dials     *dialWatch  // refused dials, which answer a TryLock at once
 	subscriber
 }
 
@@ -44,6 +45,7 @@ func newNode(c *Client, rdb redis.UniversalClient, handoff bool) *node {
 	n.subscriber.c, n.subscriber.n = c, n
 	n.batch.n = n
 	n.batch.stopped, n.batch.stop = context.WithCancel(context.Background())
+	n.dials = watchDials(rdb)
 	return n
 }
 
@@ -66,6 +68,9 @@ type call struct {
 	// onceCmd); a release, whose reply must tell its own earlier copy from
 	// a loss.
 	once bool
+	// try: a TryLock's call, answered at once if a connection is refused
+	// meanwhile (see dialWatch).
+	try bool
 }
 
 // onceCmd is a command the redis client never sends again by itself (after a
@@ -192,6 +197,11 @@ func (n *node) evalOn(ctx context.Context, keys []interface{}, sc *luaScript, ar
 	return n.evalCall(ctx, &call{s: sc, keys: keys, args: args})
 }
 
+// evalTry is evalOn for an acquisition's call: a TryLock's if try.
+func (n *node) evalTry(ctx context.Context, try bool, keys []interface{}, sc *luaScript, args ...interface{}) (interface{}, error) {
+	return n.evalCall(ctx, &call{s: sc, keys: keys, args: args, try: try})
+}
+
 // evalCall is evalOn of a call built already.
 func (n *node) evalCall(ctx context.Context, cl *call) (interface{}, error) {
 	if err := n.batch.do(ctx, cl); err != nil {
@@ -229,7 +239,7 @@ func (n *node) acquire(ctx context.Context, s *lockSpec, r acquireReq) (reply, e
 		args = []interface{}{r.owner, r.have, r.want, r.lease, r.fence.arg(), r.entryArg(s), s.size, n.pub(ctx)}
 	}
 	if r.have > 0 || n.ack.replicas == 0 {
-		v, err := n.eval(ctx, s, s.sc.acquire, args...)
+		v, err := n.evalTry(ctx, r.try, s.keyArgs, s.sc.acquire, args...)
 		if err != nil {
 			return reply{}, err
 		}

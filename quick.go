@@ -94,14 +94,14 @@ func (n *node) quickLock(ctx context.Context, s *lockSpec, r acquireReq) (grante
 	var v interface{}
 	switch {
 	case s.size == nil:
-		v, err = n.evalOn(ctx, keys, q.lock, r.owner, r.lease)
+		v, err = n.evalTry(ctx, r.try, keys, q.lock, r.owner, r.lease)
 	case r.want == 1 && r.fence == fenceOff && s.sized.Load():
 		// (A fenced holding keeps its token in its value: quick_sem.lua.)
-		v, err = n.evalOn(ctx, q.oneKeys, quickLock, r.owner, r.lease)
+		v, err = n.evalTry(ctx, r.try, q.oneKeys, quickLock, r.owner, r.lease)
 	case r.want == 1:
-		v, err = n.evalOn(ctx, keys, q.lock, r.owner, r.lease, s.size)
+		v, err = n.evalTry(ctx, r.try, keys, q.lock, r.owner, r.lease, s.size)
 	default:
-		v, err = n.evalOn(ctx, keys, q.lock, r.owner, r.lease, s.size, strconv.Itoa(r.want))
+		v, err = n.evalTry(ctx, r.try, keys, q.lock, r.owner, r.lease, s.size, strconv.Itoa(r.want))
 	}
 	if err != nil {
 		return false, 0, err

@@ -151,7 +151,7 @@ func (a *attempt) call(ctx context.Context) (reply, error) {
 		a.at = int64(a.sent.Sub(c.epoch) / time.Millisecond)
 	}
 	r, err := c.be.acquire(ctx, &m.spec, acquireReq{
-		owner: a.owner, want: a.permits, lease: m.spec.leaseArg, fence: m.spec.fence, place: a.place(), quick: first,
+		owner: a.owner, want: a.permits, lease: m.spec.leaseArg, fence: m.spec.fence, place: a.place(), quick: first, try: a.try,
 	})
 	a.again = err != nil
 	return r, err
