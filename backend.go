@@ -157,6 +157,10 @@ type backend interface {
 	// close stops it; calls still out at deadline are ended (see
 	// batcher.close).
 	close(deadline time.Time)
+	// refusal is closed at the next refused dial (nil: not watched), and
+	// refused is the latest one's error (see dialWatch).
+	refusal() <-chan struct{}
+	refused() error
 	subscriptions
 }
 

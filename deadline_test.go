@@ -448,3 +448,23 @@ func TestTryLockRefusedPromptly(t *testing.T) {
 		})
 	}
 }
+
+// TestLockContextNamesTheRefusal: a LockContext against an address that
+// refuses connections, whose deadline ends while its call still waits for
+// go-redis's dial retries, names the refusal as its last error.
+func TestLockContextNamesTheRefusal(t *testing.T) {
+	for _, opts := range optionSets {
+		t.Run(opts.name, func(t *testing.T) {
+			t.Parallel()
+			s := stalls()["refusing"](t)
+			o := &redis.Options{Addr: s.addr}
+			opts.set(o)
+			m := clientOn(t, newRDB(t, o)).NewMutex(lockName(t))
+			ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+			defer cancel()
+			if err := m.LockContext(ctx); !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, syscall.ECONNREFUSED) {
+				t.Errorf("LockContext(100ms) against a refusing address: got %v, want the deadline and the refusal", err)
+			}
+		})
+	}
+}

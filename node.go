@@ -333,6 +333,9 @@ func (n *node) leave(ctx context.Context, s *lockSpec, owner interface{}, entry 
 	return err
 }
 
+func (n *node) refusal() <-chan struct{} { return n.dials.refusal() }
+func (n *node) refused() error           { return n.dials.refused() }
+
 func (n *node) grants() bool      { return true }
 func (n *node) freshOwners() bool { return false }
 func (n *node) acked() bool       { return n.ack.replicas > 0 }

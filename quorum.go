@@ -72,6 +72,10 @@ type quorum struct {
 	closed   bool // set by close before it waits for bg: no fan-out starts after
 }
 
+// (A quorum's servers are many: one refusing is no answer.)
+func (q *quorum) refusal() <-chan struct{} { return nil }
+func (q *quorum) refused() error           { return nil }
+
 func (q *quorum) grants() bool      { return false }
 func (q *quorum) freshOwners() bool { return true }
 func (q *quorum) acked() bool       { return false }

@@ -3,6 +3,7 @@ package remutex
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"time"
 )
@@ -38,9 +39,10 @@ type attempt struct {
 	heard       bool      // the subscription was confirmed before the entry's latest refresh was sent
 	heardAtSend bool      // the subscription was confirmed when the latest call was sent
 	pttl        time.Duration
-	split       bool  // quorum: contenders split the servers; hold off a while
-	granted     bool  // the latest wake-up was the queue's grant (Event.Granted)
-	lastErr     error // the transient error being retried, or nil
+	split       bool            // quorum: contenders split the servers; hold off a while
+	granted     bool            // the latest wake-up was the queue's grant (Event.Granted)
+	lastErr     error           // the transient error being retried, or nil
+	refusal     <-chan struct{} // closed at a refused dial since it began (see dialWatch)
 	bo, poll    backoff
 	splitBo     backoff
 }
@@ -48,7 +50,7 @@ type attempt struct {
 // initAttemptLocked prepares an attempt of goroutine gid.
 func (m *DistMutex) initAttemptLocked(a *attempt, gid int64, try bool) {
 	c := m.c
-	*a = attempt{m: m, gid: gid, try: try, start: time.Now()}
+	*a = attempt{m: m, gid: gid, try: try, start: time.Now(), refusal: c.be.refusal()}
 	switch {
 	case m.pinnedOwnerLocked(a, gid):
 	case c.be.freshOwners():
@@ -102,10 +104,10 @@ func (a *attempt) run(ctx context.Context) (bool, error) {
 			// Granted too late to be valid, and released again: once more.
 		case err != nil && cutOff(ctx, err):
 			if a.try {
-				return false, ctxErr(ctx, errNoReply)
+				return false, ctxErr(ctx, a.noReply())
 			}
 			// Redis may have applied the call whose reply never came.
-			a.lastErr = errNoReply
+			a.lastErr = a.noReply()
 			return a.giveUpAtOnce(ctx, ctx.Err())
 		case a.try && err != nil:
 			return false, err
@@ -121,6 +123,19 @@ func (a *attempt) run(ctx context.Context) (bool, error) {
 			return false, err
 		}
 	}
+}
+
+// noReply is the last error of an attempt whose call was cut off: that it
+// got no answer, or what kept it from getting one, a refused connection
+// since the attempt began (its call then waits for go-redis's dial
+// retries).
+func (a *attempt) noReply() error {
+	if isClosed(a.refusal) {
+		if err := a.m.c.be.refused(); err != nil {
+			return fmt.Errorf("%w: the connection was refused: %w", errNoReply, err)
+		}
+	}
+	return errNoReply
 }
 
 func (a *attempt) unwatch() {
@@ -332,7 +347,7 @@ func (a *attempt) wait(ctx context.Context, r reply, err error) (_ bool, failed 
 		switch {
 		case err != nil && cutOff(ctx, err):
 			if a.lastErr == nil {
-				a.lastErr = errNoReply
+				a.lastErr = a.noReply()
 			}
 			return a.giveUp(ctx, ctx.Err())
 		case err != nil && !transient(err):
