@@ -123,7 +123,9 @@ func WithReplicaAck(n int, timeout time.Duration) Option {
 
 // NewClient returns a Client that keeps its locks in rdb, which may be a
 // *redis.Client, a *redis.ClusterClient, or a failover client. It sends no
-// command until a mutex is used. It panics if rdb is nil or an option is
+// command until a mutex is used. It adds a hook to rdb that only watches
+// for refused dials (see TryLock); the hook passes every command untouched
+// and stays inert after Close. It panics if rdb is nil or an option is
 // invalid.
 func NewClient(rdb redis.UniversalClient, opts ...Option) *Client {
 	if isNil(rdb) {
