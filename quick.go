@@ -50,12 +50,15 @@ const contendedFor = time.Second
 // keys (see lockKeys, rwKeys), or nil where there is none.
 func (c *Client) newQuick(kind lockKind, keys []string) *quick {
 	hash, fence, queue := keys[0], keys[1], keys[2]
-	h := uint32(2166136261) // FNV-1a of the hash: both sides of a read/write lock share it
+	// FNV-1a of the hash (both sides of a read/write lock share it), its top
+	// byte the slot: its low byte depends on the low bits alone, and names
+	// that differ in a suffix would share slots far more often than 1 in 256.
+	h := uint32(2166136261)
 	for i := 0; i < len(hash); i++ {
 		h = (h ^ uint32(hash[i])) * 16777619
 	}
 	q := &quick{lock: quickLock, wake: wakeScript, lockKeys: []interface{}{hash, queue},
-		del: "hdel", delKey: hash, look: []interface{}{"exists", queue}, until: &c.contended[h%uint32(len(c.contended))]}
+		del: "hdel", delKey: hash, look: []interface{}{"exists", queue}, until: &c.contended[h>>24]}
 	switch kind {
 	case kindWrite:
 		return nil
