@@ -164,6 +164,9 @@ func (m *DistMutex) releaseArg(h *hold, want int) interface{} {
 	if want > 0 {
 		return m.spec.keepArg
 	}
+	if h.outcome != nil {
+		return h.outcome
+	}
 	if keep := m.spec.minHold - time.Since(h.acquired); keep >= time.Millisecond {
 		return strconv.FormatInt(keep.Milliseconds(), 10)
 	}
