@@ -198,7 +198,12 @@ func (o *DistOnce) run(ctx context.Context, f func(ctx context.Context) error) (
 			rec.Err = err.Error()
 		}
 		c.mu.Lock()
-		h.outcome = o.outcome(&rec)
+		if h.lostErr == nil {
+			// (A lost hold records nothing: its release would find it gone,
+			// or find a field that outlived the local deadline, and a run
+			// whose context ended is no proof of anything.)
+			h.outcome = o.outcome(&rec)
+		}
 		c.mu.Unlock()
 		uerr := o.m.UnlockContext(context.WithoutCancel(ctx))
 		if p != nil {

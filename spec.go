@@ -174,7 +174,7 @@ func (c *Client) newSpec(name string, cfg mutexConfig, kind lockKind) lockSpec {
 	if cfg.fencing {
 		s.fence = fenceOn
 		s.flag = strings.ToUpper(s.flag)
-		if kind == kindMutex {
+		if kind == kindMutex || kind == kindOnce {
 			s.flag = "1"
 		}
 	}
