@@ -41,6 +41,7 @@ const (
 	kindMutex     = "mutex"     // a DistMutex: run without --read, --write or --permits
 	kindRWMutex   = "rwmutex"   // a DistRWMutex: run --read or --write
 	kindSemaphore = "semaphore" // a DistSemaphore: run --permits
+	kindOnce      = "once"      // a DistOnce's run: once
 )
 
 // lockStatus is what status reports about one lock; it is also the JSON
