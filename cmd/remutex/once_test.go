@@ -195,3 +195,37 @@ func TestOnceUsage(t *testing.T) {
 		}
 	}
 }
+
+// TestOnceStatus: status shows a once running (its runner and waiter), then
+// done, with the run that made it done (who, pid), in the table and in JSON.
+func TestOnceStatus(t *testing.T) {
+	t.Parallel()
+	srv := sharedRedis(t)
+	name := lockName(t, "once")
+	dir := t.TempDir()
+	log, goFile := filepath.Join(dir, "log"), filepath.Join(dir, "go")
+	runner := start(t, cliEnv("LOG="+log, "GO="+goFile), "", "--addr", srv.addr(), "once", name, "--", "sh", "-c", onceJob)
+	await(t, 10*time.Second, "the runner's command to start", func() bool { return onceRuns(t, log) == 1 })
+	waiter := start(t, cliEnv("LOG="+log), "", "--addr", srv.addr(), "once", name, "--", "sh", "-c", onceJob)
+	awaitOnceWaiters(t, srv.addr(), name, 1)
+	code, stdout, stderr := run(t, cliEnv(), "", "--addr", srv.addr(), "status", name)
+	pid := strconv.Itoa(runner.cmd.Process.Pid)
+	if code != 0 || !strings.Contains(stdout, "running") || !strings.Contains(stdout, " "+pid+" ") ||
+		!strings.Contains(stdout, strconv.Itoa(waiter.cmd.Process.Pid)) {
+		t.Errorf("status while running: exit status %d, want 0 and the state running, the runner's pid %s and the waiter's; stdout:\n%s\nstderr:\n%s", code, pid, stdout, stderr)
+	}
+	if err := os.WriteFile(goFile, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if code := runner.wait(30*time.Second) + waiter.wait(30*time.Second); code != 0 {
+		t.Fatalf("runner and waiter: exit statuses %d, want 0", code)
+	}
+	code, stdout, _ = run(t, cliEnv(), "", "--addr", srv.addr(), "status", name)
+	if code != 0 || !strings.Contains(stdout, "done") || !strings.Contains(stdout, " "+pid+" ") {
+		t.Errorf("status when done: exit status %d, want 0 and the state done with the runner's pid %s; stdout:\n%s", code, pid, stdout)
+	}
+	st := lockState(t, srv.addr(), name).ofKind(kindOnce)
+	if st.Once == nil || !st.Once.Done || st.Once.Run == nil || strconv.Itoa(st.Once.Run.PID) != pid {
+		t.Errorf("status of the once: %+v, want done by pid %s", st.Once, pid)
+	}
+}
