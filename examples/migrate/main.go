@@ -148,7 +148,7 @@ func play(ctx context.Context, cfg config, addr, version string, kill int) (roun
 		// The once's record is kept without expiry: an example leaves none.
 		c := remutex.NewClient(db)
 		defer c.Close()
-		_ = c.NewOnce("migrate:"+version).Reset(context.Background())
+		_ = c.NewOnce("migrate:" + version).Reset(context.Background())
 	}()
 
 	var (
