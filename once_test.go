@@ -395,3 +395,52 @@ func TestOnceBadInput(t *testing.T) {
 	}
 	assert.Panics(t, func() { _ = (&DistOnce{}).Do(context.Background(), nil) }, "a zero DistOnce")
 }
+
+// TestLeastPrivilegeACLOnce runs a DistOnce as a user with the documented
+// ACL: a run with a waiter woken by its end, a failed run's error for its
+// waiter, Done, Inspect and Reset.
+func TestLeastPrivilegeACLOnce(t *testing.T) {
+	srv, rdb := aclServer(t, lockUserACL...)
+	ctx := testCtx(t, 2*hangGuard)
+	a, errs := clientWithErrors(t, rdb)
+	b, berrs := clientWithErrors(t, newRDB(t, &redis.Options{Addr: srv.Addr(), Username: "locker", Password: "pw"}))
+	admin := rdbAt(t, srv.Addr())
+	for _, fail := range []bool{true, false} {
+		name := lockName(t)
+		oa, ob := a.NewOnce(name, WithFencing()), b.NewOnce(name, WithFencing())
+		started, release := make(chan struct{}), make(chan struct{})
+		runner := doAsync(t, ctx, oa, func(context.Context) error {
+			close(started)
+			<-release
+			if fail {
+				return errors.New("failed")
+			}
+			return nil
+		})
+		<-started
+		ran := false
+		waiter := doAsync(t, ctx, ob, func(context.Context) error { ran = true; return nil })
+		onceWaiters(t, admin, name, 1)
+		info, err := ob.Inspect(ctx)
+		require.NoError(t, err, "Inspect as the lock user")
+		assert.Len(t, info.Lock.Waiters, 1, "waiters Inspect shows")
+		close(release)
+		rerr, werr := await(t, runner, "the runner"), await(t, waiter, "the waiter")
+		var oe *OnceError
+		if fail {
+			assert.EqualError(t, rerr, "failed")
+			assert.ErrorAs(t, werr, &oe, "the waiter of a failed run")
+		} else {
+			assert.NoError(t, rerr)
+			assert.NoError(t, werr)
+		}
+		assert.False(t, ran, "the waiter ran f")
+		done, err := ob.Done(ctx)
+		require.NoError(t, err)
+		assert.Equal(t, !fail, done, "Done")
+		require.NoError(t, ob.Reset(ctx), "Reset as the lock user")
+	}
+	if all := append(errs.all(), berrs.all()...); len(all) > 0 {
+		t.Errorf("the lock user's Clients reported %v", all)
+	}
+}
