@@ -58,6 +58,8 @@ type DistOnce struct {
 
 	mu      sync.Mutex
 	running map[int64]bool // goroutines running f (see ErrRecursiveDo)
+	flight  *onceFlight    // the Do of this value that goes to Redis; nil if none
+	joined  int            // calls waiting for a flight (for tests)
 }
 
 // OnceErrorKeep is how long a failed run's error is kept in Redis for the
@@ -129,17 +131,67 @@ func (o *DistOnce) Do(ctx context.Context, f func(ctx context.Context) error) er
 		return nil
 	}
 	o.m.client()
-	o.mu.Lock()
-	recursive := o.running[goid.Get()]
-	o.mu.Unlock()
-	if recursive {
-		return o.wrap(ErrRecursiveDo)
+	gid := goid.Get()
+	for {
+		o.mu.Lock()
+		if o.running[gid] {
+			o.mu.Unlock()
+			return o.wrap(ErrRecursiveDo)
+		}
+		fl := o.flight
+		if fl == nil {
+			fl = &onceFlight{done: make(chan struct{}), retry: true}
+			o.flight = fl
+			o.mu.Unlock()
+			return o.lead(ctx, f, fl)
+		}
+		o.joined++
+		o.mu.Unlock()
+		// Another goroutine of this value is at it: its outcome is this
+		// call's too, and Redis sees one waiter per value, not one per call.
+		var cerr error
+		select {
+		case <-fl.done:
+		case <-ctx.Done():
+			cerr = o.wrap(ctx.Err())
+		}
+		o.mu.Lock()
+		o.joined--
+		o.mu.Unlock()
+		if cerr != nil {
+			return cerr
+		}
+		if !fl.retry {
+			return fl.err
+		}
+		if o.done.Load() {
+			return nil
+		}
 	}
+}
+
+// onceFlight is the Do of a value's goroutine that the value's other
+// callers wait for: its outcome, set before done is closed.
+type onceFlight struct {
+	done  chan struct{}
+	err   error // nil: the once is done; else a failed run's *OnceError, wrapped
+	retry bool  // the leader gave up for a reason of its own (its ctx, Redis): try again
+}
+
+// lead is Do for the goroutine that goes to Redis for its value.
+func (o *DistOnce) lead(ctx context.Context, f func(ctx context.Context) error, fl *onceFlight) error {
+	defer func() {
+		o.mu.Lock()
+		o.flight = nil
+		o.mu.Unlock()
+		close(fl.done)
+	}()
 	st, err := o.read(ctx)
 	if err != nil {
 		return err
 	}
 	if st.done != nil {
+		fl.retry = false
 		return nil
 	}
 	// A failed run's error seen now is not this call's: it runs f again
@@ -150,20 +202,22 @@ func (o *DistOnce) Do(ctx context.Context, f func(ctx context.Context) error) er
 	}
 	st, err = o.read(ctx)
 	if err == nil && st.done == nil && (st.failed == nil || st.errRaw == seen) {
-		return o.run(ctx, f)
+		return o.run(ctx, f, fl)
 	}
 	uerr := o.m.UnlockContext(context.WithoutCancel(ctx))
 	switch {
 	case err != nil:
 		return errors.Join(err, uerr)
 	case st.done != nil:
+		fl.retry = false
 		return nil
 	}
-	return o.wrap(st.failed)
+	fl.err, fl.retry = o.wrap(st.failed), false
+	return fl.err
 }
 
 // run calls f under the hold Do took, and releases it with f's outcome.
-func (o *DistOnce) run(ctx context.Context, f func(ctx context.Context) error) (err error) {
+func (o *DistOnce) run(ctx context.Context, f func(ctx context.Context) error, fl *onceFlight) (err error) {
 	c := o.m.c
 	c.mu.Lock()
 	h := o.m.liveLocked(0)
@@ -206,11 +260,17 @@ func (o *DistOnce) run(ctx context.Context, f func(ctx context.Context) error) (
 		}
 		c.mu.Unlock()
 		uerr := o.m.UnlockContext(context.WithoutCancel(ctx))
+		switch {
+		case uerr != nil:
+			// Lost, or not released: nothing (or not surely) recorded.
+		case rec.Err != "":
+			fl.err, fl.retry = o.wrap(rec.onceError(o.m.spec.name)), false
+		default:
+			fl.retry = false
+			o.done.Store(true)
+		}
 		if p != nil {
 			panic(p)
-		}
-		if err == nil && uerr == nil {
-			o.done.Store(true)
 		}
 		err = errors.Join(err, uerr)
 	}()

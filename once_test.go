@@ -444,3 +444,43 @@ func TestLeastPrivilegeACLOnce(t *testing.T) {
 		t.Errorf("the lock user's Clients reported %v", all)
 	}
 }
+
+// TestOnceSameValue: goroutines of one value wait for its Do under way
+// without a queue entry of their own in Redis, and return with its run: the
+// run's error as an *OnceError when it failed; a waiter whose context ends
+// returns its error; after the failure the next Do runs f again.
+func TestOnceSameValue(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *testBackend) {
+		name := lockName(t)
+		ctx := testCtx(t, 2*hangGuard)
+		rdb := b.rdb(t)
+		o := b.client(t).NewOnce(name)
+		started, release := make(chan struct{}), make(chan struct{})
+		runner := doAsync(t, ctx, o, func(context.Context) error { close(started); <-release; return errors.New("boom") })
+		<-started
+		var ran atomic.Int32
+		f := func(context.Context) error { ran.Add(1); return nil }
+		w1, w2 := doAsync(t, ctx, o, f), doAsync(t, ctx, o, f)
+		cctx, cancel := context.WithCancel(ctx)
+		w3 := doAsync(t, cctx, o, f)
+		waitFor(t, "3 calls waiting for the value's run", func() bool {
+			o.mu.Lock()
+			defer o.mu.Unlock()
+			return o.joined == 3
+		})
+		cancel()
+		assert.ErrorIs(t, await(t, w3, "the cancelled waiter"), context.Canceled)
+		assert.Zero(t, rdb.LLen(ctx, onceKeysOf(name).queue).Val(), "queue entries of the value's waiters")
+		close(release)
+		assert.EqualError(t, await(t, runner, "the runner"), "boom")
+		for _, w := range []<-chan error{w1, w2} {
+			var oe *OnceError
+			err := await(t, w, "a waiter")
+			require.ErrorAs(t, err, &oe, "a waiter of the value: got %v", err)
+			assert.Equal(t, "boom", oe.Message)
+		}
+		assert.Zero(t, ran.Load(), "runs by the waiters")
+		require.NoError(t, o.Do(ctx, f))
+		assert.Equal(t, int32(1), ran.Load(), "runs after the failure")
+	})
+}
