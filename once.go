@@ -40,7 +40,9 @@ import (
 //     valid).
 //   - Once a value has seen the done record, its Do returns nil with no
 //     Redis command, as sync.Once's does; until then Do costs one round
-//     trip when the record is there.
+//     trip when the record is there. Concurrent calls of one value wait
+//     for one of them, which alone goes to Redis (and its queue), and
+//     return with its outcome; one whose context ends returns alone.
 //   - Do from f (on the goroutine running f, through the same value)
 //     returns ErrRecursiveDo at once, where sync.Once deadlocks. Do of
 //     another value of the name, or from a goroutine f waits for, waits for
