@@ -230,16 +230,12 @@ func (o *DistOnce) run(ctx context.Context, f func(ctx context.Context) error, f
 	}
 	owner, _ := h.owner.(string)
 	gid := goid.Get()
-	o.mu.Lock()
-	o.running[gid] = true
-	o.mu.Unlock()
+	o.setRunning(gid, true)
 	hctx := o.m.HoldContext(ctx)
 	start := time.Now()
 	returned := false
 	defer func() {
-		o.mu.Lock()
-		delete(o.running, gid)
-		o.mu.Unlock()
+		o.setRunning(gid, false)
 		var p interface{}
 		if !returned {
 			p = recover()
@@ -253,32 +249,51 @@ func (o *DistOnce) run(ctx context.Context, f func(ctx context.Context) error, f
 		case err != nil:
 			rec.Err = err.Error()
 		}
-		c.mu.Lock()
-		if h.lostErr == nil {
-			// (A lost hold records nothing: its release would find it gone,
-			// or find a field that outlived the local deadline, and a run
-			// whose context ended is no proof of anything.)
-			h.outcome = o.outcome(&rec)
-		}
-		c.mu.Unlock()
-		uerr := o.m.UnlockContext(context.WithoutCancel(ctx))
-		switch {
-		case uerr != nil:
-			// Lost, or not released: nothing (or not surely) recorded.
-		case rec.Err != "":
-			fl.err, fl.retry = o.wrap(rec.onceError(o.m.spec.name)), false
-		default:
-			fl.retry = false
-			o.done.Store(true)
-		}
+		err = errors.Join(err, o.finish(ctx, h, &rec, fl))
 		if p != nil {
-			panic(p)
+			panic(p) // as sync.Once lets it go on
 		}
-		err = errors.Join(err, uerr)
 	}()
 	err = f(hctx)
 	returned = true
 	return err
+}
+
+func (o *DistOnce) setRunning(gid int64, running bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if running {
+		o.running[gid] = true
+	} else {
+		delete(o.running, gid)
+	}
+}
+
+// finish releases the run's hold h with the run's record rec, and sets the
+// outcome for the value's other callers in fl. It returns the release's
+// error.
+func (o *DistOnce) finish(ctx context.Context, h *hold, rec *onceRecord, fl *onceFlight) error {
+	c := o.m.c
+	c.mu.Lock()
+	if h.lostErr == nil {
+		// (A lost hold records nothing: its release would find it gone,
+		// or find a field that outlived the local deadline, and a run
+		// whose context ended is no proof of anything.)
+		h.outcome = o.outcome(rec)
+	}
+	c.mu.Unlock()
+	uerr := o.m.UnlockContext(context.WithoutCancel(ctx))
+	switch {
+	case uerr != nil:
+		// Lost, or not released (a release posted in the background may
+		// still record it): the value's other callers look again.
+	case rec.Err != "":
+		fl.err, fl.retry = o.wrap(rec.onceError(o.m.spec.name)), false
+	default:
+		fl.retry = false
+		o.done.Store(true)
+	}
+	return uerr
 }
 
 // outcome is once_release.lua's outcome argument for rec.

@@ -108,6 +108,31 @@ type beforeRun struct {
 	ended   os.Signal // the signal that ended the wait
 	expired bool      // --wait ended it
 	cancel  context.CancelFunc
+
+	stop, watched chan struct{} // the signal watcher's (see watch)
+	stopOnce      sync.Once
+}
+
+// watch ends the wait at the first signal of sigs, until stopWatching;
+// a signal that comes once the run started goes back to sigs, for
+// supervise to pass on to the command.
+func (b *beforeRun) watch(sigs chan os.Signal) {
+	b.stop, b.watched = make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(b.watched)
+		select {
+		case s := <-sigs:
+			if !b.end(s) {
+				sigs <- s
+			}
+		case <-b.stop:
+		}
+	}()
+}
+
+// stopWatching stops the watcher started by watch and waits for it.
+func (b *beforeRun) stopWatching() {
+	b.stopOnce.Do(func() { close(b.stop); <-b.watched })
 }
 
 // end ends the wait unless the run started.
@@ -155,24 +180,8 @@ func (c *cli) runOnce(cfg onceConfig) int {
 		t := time.AfterFunc(cfg.wait.d, func() { pre.end(nil) })
 		defer t.Stop()
 	}
-	// Until the command starts, a signal ends the wait; after, supervise
-	// passes signals on.
-	stop, watched := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(watched)
-		select {
-		case s := <-sigs:
-			if !pre.end(s) {
-				sigs <- s // the run started meanwhile: the command's
-			}
-		case <-stop:
-		}
-	}()
-	var stopOnce sync.Once
-	stopWatching := func() {
-		stopOnce.Do(func() { close(stop); <-watched })
-	}
-	defer stopWatching()
+	pre.watch(sigs)
+	defer pre.stopWatching()
 
 	rdb, err := c.connect(ctx)
 	if err != nil {
@@ -186,37 +195,54 @@ func (c *cli) runOnce(cfg onceConfig) int {
 		opts = append(opts, remutex.WithFencing())
 	}
 	o := locks.NewOnce(cfg.name, opts...)
-
-	ran, status := false, 0
+	var out commandRun
 	err = o.Do(ctx, func(hctx context.Context) error {
 		if !pre.start() {
 			return errWaitOver
 		}
-		stopWatching()
-		ran = true
-		if cfg.fenceEnv != "" {
-			cmd.Env = append(os.Environ(), cfg.fenceEnv+"="+strconv.FormatInt(o.Fence(), 10))
-		}
-		var lostSeen bool
-		status, lostSeen = c.supervise(cmd, cfg.runConfig, sigs, hctx.Done())
-		switch {
-		case lostSeen:
-			return fmt.Errorf("the lease was lost while the command ran (it exited with status %d)", status)
-		case status != 0:
-			return fmt.Errorf("the command exited with status %d", status)
-		}
-		return nil
+		pre.stopWatching()
+		return c.runCommand(hctx, cmd, cfg, sigs, o.Fence(), &out)
 	})
+	return c.onceExit(err, out, pre, cfg)
+}
+
+// commandRun is what became of the command, if this caller ran it.
+type commandRun struct {
+	ran    bool
+	status int
+}
+
+// runCommand runs the command as the once's run, as run would, with the
+// run's fencing token; its error is the run's failure, as the waiters see
+// it.
+func (c *cli) runCommand(hctx context.Context, cmd *exec.Cmd, cfg onceConfig, sigs chan os.Signal, fence int64, out *commandRun) error {
+	out.ran = true
+	if cfg.fenceEnv != "" {
+		cmd.Env = append(os.Environ(), cfg.fenceEnv+"="+strconv.FormatInt(fence, 10))
+	}
+	var lostSeen bool
+	out.status, lostSeen = c.supervise(cmd, cfg.runConfig, sigs, hctx.Done())
+	switch {
+	case lostSeen:
+		return fmt.Errorf("the lease was lost while the command ran (it exited with status %d)", out.status)
+	case out.status != 0:
+		return fmt.Errorf("the command exited with status %d", out.status)
+	}
+	return nil
+}
+
+// onceExit is the exit status of a once whose Do returned err.
+func (c *cli) onceExit(err error, out commandRun, pre *beforeRun, cfg onceConfig) int {
 	var oe *remutex.OnceError
 	switch {
 	case err == nil:
 		return exitOK
-	case ran && errors.Is(err, remutex.ErrLockLost):
+	case out.ran && errors.Is(err, remutex.ErrLockLost):
 		c.errorf("%v", err)
 		return exitLost
-	case ran && status != 0:
-		return status
-	case ran:
+	case out.ran && out.status != 0:
+		return out.status
+	case out.ran:
 		// The command succeeded, but its release (which records it) failed.
 		c.errorf("the command succeeded, but recording it failed (the next remutex once %s may run it again): %v", cfg.name, err)
 		return exitRedis

@@ -142,78 +142,92 @@ func (r round) String() string {
 func play(ctx context.Context, cfg config, addr, version string, kill int) (round, error) {
 	db := redis.NewClient(&redis.Options{Addr: addr})
 	defer db.Close()
-	dbKey := "migrate:db:" + version
-	defer db.Del(context.Background(), dbKey)
+	p := &player{cfg: cfg, addr: addr, db: db, version: version, dbKey: "migrate:db:" + version, kill: kill, start: time.Now()}
+	defer db.Del(context.Background(), p.dbKey)
 	defer func() {
 		// The once's record is kept without expiry: an example leaves none.
 		c := remutex.NewClient(db)
 		defer c.Close()
 		_ = c.NewOnce("migrate:" + version).Reset(context.Background())
 	}()
-
-	var (
-		mu     sync.Mutex
-		r      round
-		killed atomic.Bool // a runner has died already
-		wg     sync.WaitGroup
-		errs   = make(chan error, cfg.procs)
-	)
-	start := time.Now()
+	var wg sync.WaitGroup
+	errs := make(chan error, cfg.procs)
 	for i := range cfg.procs {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			dead := new(atomic.Bool) // this server's process is gone: its commands fail
-			rdb := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
-			rdb.AddHook(deadHook{dead})
-			defer rdb.Close()
-			c := remutex.NewClient(rdb, remutex.WithLogger(slog.New(slog.DiscardHandler)), remutex.WithErrorHandler(func(error) {}))
-			defer c.Close()
-			once := c.NewOnce("migrate:"+version, remutex.WithLease(cfg.lease), remutex.WithFencing())
-			err := once.Do(ctx, func(ctx context.Context) error {
-				mu.Lock()
-				r.runs++
-				r.fences = append(r.fences, once.Fence())
-				mu.Unlock()
-				dies := kill >= 0 && killed.CompareAndSwap(false, true)
-				done, replayed, err := migrate(ctx, db, dbKey, cfg, once.Fence(), dies, kill)
-				mu.Lock()
-				r.replayed += replayed
-				mu.Unlock()
-				if dies {
-					dead.Store(true) // the process is gone: no more work, no more commands
-					<-ctx.Done()     // (its hold ends with the lease, unrenewed)
-					return fmt.Errorf("server %d died", i)
-				}
-				if err == nil && done {
-					mu.Lock()
-					r.completed++
-					mu.Unlock()
-				}
-				return err
-			})
-			switch {
-			case dead.Load():
-				return // a dead server serves nothing
-			case err != nil:
+			if err := p.server(ctx, i); err != nil {
 				errs <- fmt.Errorf("server %d: %w", i, err)
-				return
 			}
-			// Serve: the migration must be complete.
-			n, err := db.HLen(ctx, dbKey).Result()
-			mu.Lock()
-			defer mu.Unlock()
-			if err != nil || int(n) != cfg.steps {
-				r.early++
-				return
-			}
-			r.served++
-			r.took = max(r.took, time.Since(start))
 		}()
 	}
 	wg.Wait()
 	close(errs)
-	return r, errors.Join(collect(errs)...)
+	return p.r, errors.Join(collect(errs)...)
+}
+
+// player is one round: its servers and what they saw.
+type player struct {
+	cfg            config
+	addr           string
+	db             *redis.Client
+	version, dbKey string
+	kill           int // the step after which the first runner dies; -1 none
+	start          time.Time
+	killed         atomic.Bool // a runner has died already
+
+	mu sync.Mutex
+	r  round
+}
+
+// server is one server starting: it runs the migration once with the
+// others, then serves if the migration is complete (a dead one serves
+// nothing).
+func (p *player) server(ctx context.Context, i int) error {
+	dead := new(atomic.Bool) // this server's process is gone: its commands fail
+	rdb := redis.NewClient(&redis.Options{Addr: p.addr, MaxRetries: -1})
+	rdb.AddHook(deadHook{dead})
+	defer rdb.Close()
+	c := remutex.NewClient(rdb, remutex.WithLogger(slog.New(slog.DiscardHandler)), remutex.WithErrorHandler(func(error) {}))
+	defer c.Close()
+	once := c.NewOnce("migrate:"+p.version, remutex.WithLease(p.cfg.lease), remutex.WithFencing())
+	err := once.Do(ctx, func(ctx context.Context) error {
+		p.mu.Lock()
+		p.r.runs++
+		p.r.fences = append(p.r.fences, once.Fence())
+		p.mu.Unlock()
+		dies := p.kill >= 0 && p.killed.CompareAndSwap(false, true)
+		done, replayed, err := migrate(ctx, p.db, p.dbKey, p.cfg, once.Fence(), dies, p.kill)
+		p.mu.Lock()
+		p.r.replayed += replayed
+		if !dies && err == nil && done {
+			p.r.completed++
+		}
+		p.mu.Unlock()
+		if dies {
+			dead.Store(true) // the process is gone: no more work, no more commands
+			<-ctx.Done()     // (its hold ends with the lease, unrenewed)
+			return fmt.Errorf("server %d died", i)
+		}
+		return err
+	})
+	switch {
+	case dead.Load():
+		return nil // a dead server serves nothing
+	case err != nil:
+		return err
+	}
+	// Serve: the migration must be complete.
+	n, err := p.db.HLen(ctx, p.dbKey).Result()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err != nil || int(n) != p.cfg.steps {
+		p.r.early++
+		return nil
+	}
+	p.r.served++
+	p.r.took = max(p.r.took, time.Since(p.start))
+	return nil
 }
 
 func collect(errs <-chan error) []error {
