@@ -115,3 +115,52 @@ func TestOnceRunnerDies(t *testing.T) {
 		})
 	}
 }
+
+// TestOnceRunnerCutOff: a runner whose connection goes dark (a proxy
+// blackholes it) learns of its lost lease before the lock can expire on
+// the server: f's context ends and f stops, and only then does one of the
+// two waiters run f, with a higher fence. The register shows both runs'
+// writes, one after the other; the cut runner's Do reports ErrLockLost and
+// records nothing, and the waiter's run makes the once done.
+func TestOnceRunnerCutOff(t *testing.T) {
+	const lease = time.Second
+	srv := redistest.Shared(t)
+	reg := redistest.NewRegisterOn(t, srv)
+	name := lockName(t)
+	ctx := testCtx(t, 2*hangGuard)
+	p := redistest.NewProxy(t, srv.Addr())
+	cut := clientOn(t, rdbAt(t, p.Addr()))
+	t.Cleanup(p.Heal) // before the Client closes: a blackholed call would hold Close up
+	runnerOnce := cut.NewOnce(name, WithLease(lease), WithFencing())
+	started := make(chan struct{})
+	runner := doAsync(t, ctx, runnerOnce, func(ctx context.Context) error {
+		fence := runnerOnce.Fence()
+		exit := reg.Enter("runner", fence)
+		close(started)
+		<-ctx.Done()
+		exit()
+		return context.Cause(ctx)
+	})
+	<-started
+	var runs atomic.Int32
+	var res []<-chan error
+	for range 2 {
+		o := clientOn(t, rdbAt(t, srv.Addr())).NewOnce(name, WithLease(lease), WithFencing())
+		res = append(res, doAsync(t, ctx, o, func(context.Context) error {
+			runs.Add(1)
+			reg.Enter("waiter", o.Fence())()
+			return nil
+		}))
+	}
+	onceWaiters(t, rdbAt(t, srv.Addr()), name, 2)
+	p.SetBlackhole(true)
+	assert.ErrorIs(t, await(t, runner, "the cut runner's Do"), ErrLockLost)
+	for i, r := range res {
+		require.NoError(t, await(t, r, "a waiter's Do"), "waiter %d", i)
+	}
+	assert.Equal(t, int32(1), runs.Load(), "runs of f by the waiters")
+	reg.CheckSections(t, 2)
+	done, err := clientOn(t, rdbAt(t, srv.Addr())).NewOnce(name).Done(ctx)
+	require.NoError(t, err)
+	assert.True(t, done, "Done after the waiter's run")
+}
