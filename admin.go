@@ -27,7 +27,8 @@ type LockInfo struct {
 	// its channels begin with it. With Kind "" it is the DistMutex's.
 	Key string
 	// Kind is the kind of lock: "mutex" (a DistMutex), "rwmutex" (a
-	// DistRWMutex), "semaphore" (a DistSemaphore), or "" when nothing of any
+	// DistRWMutex), "semaphore" (a DistSemaphore), "once" (a DistOnce's
+	// run: its Holders run it, its Waiters wait for it), or "" when nothing of any
 	// kind is under the name: no holder, no waiter, no fence counter, no
 	// semaphore size, no listening Client.
 	Kind string
@@ -223,6 +224,9 @@ var adminKinds = [...]adminKind{
 		return kindWrite
 	}},
 	{name: "semaphore", keys: semKeys, roles: "pfqs", side: func(Holder) lockKind { return kindSemaphore }},
+	// A DistOnce's lock (its runner and waiters; its records are read by
+	// Client.InspectOnce).
+	{name: "once", keys: onceLockKeys, roles: "hfq", side: func(Holder) lockKind { return kindOnce }},
 }
 
 // adminRoles is inspect.lua's ARGV[1]: the roles of every kind's keys.

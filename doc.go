@@ -160,6 +160,18 @@
 // out: a request that does not fit blocks those behind it. Permits belong
 // to the DistSemaphore value, not to goroutines.
 //
+// # Once
+//
+// DistOnce is sync.Once across processes, on a mutex of its own (P{N}:once,
+// with its fence counter and queue): Do takes it (NonReentrant: every
+// value is a holder of its own) and reads the records; the one that finds
+// no outcome runs f under the renewed hold, and its final release,
+// once_release.lua, records the outcome in the same call: P{N}:once:done
+// (kept without expiry) for a success, P{N}:once:err (kept briefly, for the
+// run's waiters) for a failure. The waiters queue as for a mutex; each, once
+// handed the lock, finds the outcome and releases it to the next. once.lua
+// reads and deletes the records.
+//
 // # Deadlines, losses and shutdown
 //
 // Every context form returns at its context's end, and TryLock within

@@ -65,7 +65,9 @@ type WrongTypeError struct {
 	// Type is the type the key holds, as TYPE reports it; "non-integer"
 	// for a fence counter (P{N}:fence) or a semaphore's size (P{N}:sem:size)
 	// that holds a string that is not an integer; "foreign-field" for a
-	// semaphore's holders hash (P{N}:sem) with a field that is no holding.
+	// semaphore's holders hash (P{N}:sem) with a field that is no holding;
+	// "foreign-record" for a once's record (P{N}:once:done or :err) that
+	// holds a string remutex did not write.
 	Type string
 }
 
@@ -79,16 +81,21 @@ func (e *WrongTypeError) Error() string {
 		return fmt.Sprintf("remutex: key %q holds a non-integer string, not a remutex %s", e.Key, what)
 	case foreignField:
 		return fmt.Sprintf("remutex: key %q holds a field that is not a remutex semaphore holding", e.Key)
+	case foreignRecord:
+		return fmt.Sprintf("remutex: key %q holds a string that is not a remutex once record", e.Key)
 	}
 	return fmt.Sprintf("remutex: key %q holds a %s, not a remutex lock", e.Key, e.Type)
 }
 
 // nonInteger is the WrongTypeError.Type of a fence counter or semaphore
 // size that holds a string that is not an integer; foreignField that of a
-// semaphore's holders hash with a field that is no holding.
+// semaphore's holders hash with a field that is no holding; foreignRecord
+// that of a once's record (P{N}:once:done, P{N}:once:err) that holds a
+// string that is not a record.
 const (
-	nonInteger   = "non-integer"
-	foreignField = "foreign-field"
+	nonInteger    = "non-integer"
+	foreignField  = "foreign-field"
+	foreignRecord = "foreign-record"
 )
 
 // nameError is an invalid lock name: it matches ErrInvalidName.

@@ -103,6 +103,8 @@ func runChild(role string) int {
 		return semRole(cfg)
 	case "partition":
 		return partitionRole(cfg)
+	case "once":
+		return onceRole(cfg)
 	}
 	redistest.Emit("fatal", "unknown-role", role)
 	return 2

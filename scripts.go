@@ -31,6 +31,10 @@ var (
 	writeScripts = &scriptSet{loadScript("wlock"), loadScript("wunlock"), loadScript("rwleave")}
 	readScripts  = &scriptSet{loadScript("rlock"), loadScript("runlock"), writeScripts.leave}
 	semScripts   = &scriptSet{loadScript("sem_acquire"), loadScript("sem_release"), loadScript("sem_leave")}
+	// A DistOnce's lock is a DistMutex's whose final release records the
+	// run's outcome; once.lua reads and deletes the records.
+	onceScripts = &scriptSet{mutexScripts.acquire, loadScript("once_release"), mutexScripts.leave}
+	onceScript  = loadScript("once")
 )
 
 // scriptSet is what a lock's holds and waiters run: acquire (or queue),

@@ -58,6 +58,18 @@ func semKeys(prefix, name string) []string {
 	return append(keysFrom(base), base+":size")
 }
 
+// onceKeys are the keys of the once called name: its lock P{name}:once
+// (and that lock's fence counter and queue), its done record
+// P{name}:once:done and its error record P{name}:once:err. They are its
+// own, so that a mutex of the same name never meets its hold.
+func onceKeys(prefix, name string) []string {
+	base := prefix + "{" + name + "}:once"
+	return append(keysFrom(base), base+":done", base+":err")
+}
+
+// onceLockKeys are the keys of a once's lock alone (see onceKeys).
+func onceLockKeys(prefix, name string) []string { return onceKeys(prefix, name)[:3] }
+
 func keysFrom(base string) []string {
 	return []string{base, base + ":fence", base + ":waiting"}
 }
@@ -112,6 +124,7 @@ const (
 	kindWrite                     // a DistRWMutex's write side
 	kindRead                      // a DistRWMutex's read side
 	kindSemaphore                 // a DistSemaphore
+	kindOnce                      // a DistOnce's lock
 )
 
 // newSpec computes the keys and boxed script arguments of a lock.
@@ -125,6 +138,9 @@ func (c *Client) newSpec(name string, cfg mutexConfig, kind lockKind) lockSpec {
 	case kindSemaphore:
 		s.keys = semKeys(c.prefix, name)
 		s.sc, s.flag, s.unheld, s.multi = semScripts, "s", "remutex: Release of more permits than held by DistSemaphore", true
+	case kindOnce:
+		s.keys = onceKeys(c.prefix, name)
+		s.sc = onceScripts
 	}
 	s.home = s.keys[0]
 	s.quick = c.newQuick(kind, s.keys)
@@ -158,7 +174,7 @@ func (c *Client) newSpec(name string, cfg mutexConfig, kind lockKind) lockSpec {
 	if cfg.fencing {
 		s.fence = fenceOn
 		s.flag = strings.ToUpper(s.flag)
-		if kind == kindMutex {
+		if kind == kindMutex || kind == kindOnce {
 			s.flag = "1"
 		}
 	}

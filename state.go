@@ -172,6 +172,7 @@ type hold struct {
 	lostCh   chan struct{}
 	lostErr  error                     // non-nil once lost; wraps ErrLockLost
 	ctxs     []context.CancelCauseFunc // its HoldContexts, ended with it
+	outcome  interface{}               // a DistOnce run's: its final release's argument (once_release.lua); nil else
 }
 
 func (h *hold) lostChanLocked() chan struct{} {

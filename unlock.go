@@ -161,6 +161,9 @@ type released struct {
 // nested one the lease to set (or "0"), for the final one how long the key
 // stays after it (WithMinHold; "0": deleted at once).
 func (m *DistMutex) releaseArg(h *hold, want int) interface{} {
+	if want == 0 && h.outcome != nil {
+		return h.outcome // a DistOnce run's final release records its outcome
+	}
 	if want > 0 {
 		return m.spec.keepArg
 	}

@@ -41,6 +41,7 @@ const (
 	kindMutex     = "mutex"     // a DistMutex: run without --read, --write or --permits
 	kindRWMutex   = "rwmutex"   // a DistRWMutex: run --read or --write
 	kindSemaphore = "semaphore" // a DistSemaphore: run --permits
+	kindOnce      = "once"      // a DistOnce's run: once
 )
 
 // lockStatus is what status reports about one lock; it is also the JSON
@@ -85,6 +86,71 @@ type lockStatus struct {
 	// one kind has state there.
 	Others []lockStatus `json:"others,omitempty"`
 	Error  string       `json:"error,omitempty"` // why the lock could not be read
+	// Once is a once's record (kind "once" only): done or not, the run that
+	// made it done, the latest failed run.
+	Once *onceStatus `json:"once,omitempty"`
+}
+
+// onceStatus is what a once's records say (remutex.DistOnce.Inspect).
+type onceStatus struct {
+	Done   bool     `json:"done"`
+	Run    *onceRun `json:"run,omitempty"`    // the successful run; nil if not done
+	Failed *onceRun `json:"failed,omitempty"` // the latest failed run, while it is kept (a minute)
+}
+
+// onceRun is one run of a once.
+type onceRun struct {
+	Owner      string    `json:"owner"`
+	Host       string    `json:"host"`
+	PID        int       `json:"pid"`
+	Started    time.Time `json:"started"` // by the runner's clock
+	DurationMs int64     `json:"duration_ms"`
+	Error      string    `json:"error,omitempty"` // a failed run's
+}
+
+func onceRunOf(e *remutex.OnceError) *onceRun {
+	if e == nil {
+		return nil
+	}
+	return &onceRun{Owner: e.Owner, Host: e.Host, PID: e.PID, Started: e.Started, DurationMs: e.Duration.Milliseconds(), Error: e.Message}
+}
+
+// readOnce adds to st what the records of the once called st.Name say, if
+// there is one: a once's lock status with Once set, among st's kinds.
+func readOnce(ctx context.Context, locks *remutex.Client, st *lockStatus) error {
+	info, err := locks.NewOnce(st.Name).Inspect(ctx)
+	var wt *remutex.WrongTypeError
+	if errors.As(err, &wt) {
+		st.Others = append(st.Others, lockStatus{Name: st.Name, Key: info.Lock.Key, Kind: kindOnce, Holders: []holder{}, Waiters: []waiter{},
+			Error: strings.TrimPrefix(wt.Error(), "remutex: ")})
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if !info.Done && info.Failed == nil && len(info.Lock.Holders) == 0 && len(info.Lock.Waiters) == 0 {
+		return nil
+	}
+	rec := &onceStatus{Done: info.Done, Run: onceRunOf(info.Run), Failed: onceRunOf(info.Failed)}
+	switch {
+	case st.Kind == kindOnce:
+		st.Once = rec
+		return nil
+	case st.Kind == "":
+		*st = statusOf(info.Lock)
+		st.Kind, st.Once = kindOnce, rec
+		return nil
+	}
+	for i := range st.Others {
+		if st.Others[i].Kind == kindOnce {
+			st.Others[i].Once = rec
+			return nil
+		}
+	}
+	o := statusOf(info.Lock)
+	o.Kind, o.Once = kindOnce, rec
+	st.Others = append(st.Others, o)
+	return nil
 }
 
 // holder is one hold of a lock. A kept hold is a mutex's hold that its
@@ -141,7 +207,7 @@ func readStatus(ctx context.Context, locks *remutex.Client, name string) (lockSt
 	for _, o := range info.Others {
 		st.Others = append(st.Others, statusOf(o))
 	}
-	return st, nil
+	return st, readOnce(ctx, locks, &st)
 }
 
 // statusOf is the status of one kind of lock as Inspect read it.
@@ -208,6 +274,14 @@ func (st lockStatus) state() string {
 	switch {
 	case st.Error != "":
 		return "not a lock"
+	case st.Kind == kindOnce && st.Held:
+		return "running"
+	case st.Kind == kindOnce && st.Once != nil && st.Once.Done:
+		return "done"
+	case st.Kind == kindOnce && st.Once != nil && st.Once.Failed != nil:
+		return "failed"
+	case st.Kind == kindOnce:
+		return "not done"
 	case st.Kind == kindSemaphore && !st.Held:
 		return fmt.Sprintf("free 0/%d", st.Size)
 	case st.Kind == kindSemaphore:

@@ -9,6 +9,7 @@
 // Usage:
 //
 //	remutex run [--lease D | --max-hold D] [--min-hold D] [--wait D] [--grace D] [--fence-env NAME] [--read | --write | --permits N] NAME -- COMMAND [ARGS...]
+//	remutex once [--lease D] [--wait D] [--grace D] [--fence-env NAME] NAME -- COMMAND [ARGS...]
 //	remutex status [--json] NAME...
 //	remutex unlock --force [--yes] [--owner OWNER]... NAME
 //	remutex help [COMMAND]
@@ -80,6 +81,13 @@
 // terminal's foreground group while it runs, so that it can read the terminal
 // and Ctrl-C reaches it once; stopping it with Ctrl-Z is not supported.
 //
+// once runs COMMAND once across every caller of NAME (remutex.DistOnce):
+// the first caller anywhere runs it as run would (process group, renewed
+// lease, fencing token); the others wait for that run (--wait bounds the
+// wait) and exit 0 if it succeeded, 80 if it failed (they do not run it;
+// the next once of NAME does); after a success every once of NAME exits 0
+// without running anything. The runner exits with the command's status.
+//
 // status prints, for each lock, of each kind under its name (mutex,
 // rwmutex, semaphore), its state (free, held, kept, write, read ×N, and for
 // a semaphore of S permits held H/S or free 0/S; kept: a mutex that nobody
@@ -120,12 +128,14 @@
 // # Exit status
 //
 //	0-255  run: the command's own status; 128+N if a signal N killed it
-//	0      status, unlock: done (unlock: also when the lock was already free)
+//	0      status, unlock: done (unlock: also when the lock was already free); once: done
 //	1      unlock: not confirmed, or the lock changed hands meanwhile
 //	64     usage error; run: also a --permits that is not the semaphore's size
 //	69     Redis error: unreachable, a failed command, a key of another type
 //	75     run: --wait passed and the lock was still held; the command did not run
+//	       (once: --wait passed before the run ended)
 //	79     run: the lease was lost while the command ran (or --max-hold passed)
+//	80     once: the run this caller waited for (another's) failed; the next once runs it again
 //	126    run: COMMAND could not be executed
 //	127    run: COMMAND was not found
 package main
@@ -161,6 +171,7 @@ const usageText = `remutex: a distributed lock on Redis for scripts and cron job
 
 Usage:
   remutex run [--lease D | --max-hold D] [--min-hold D] [--wait D] [--grace D] [--fence-env NAME] [--read | --write | --permits N] NAME -- COMMAND [ARGS...]
+  remutex once [--lease D] [--wait D] [--grace D] [--fence-env NAME] NAME -- COMMAND [ARGS...]
   remutex status [--json] NAME...
   remutex unlock --force [--yes] [--owner OWNER]... NAME
   remutex help [COMMAND]
@@ -174,6 +185,10 @@ Commands:
           permits (at most N runs at once); --min-hold and --max-hold bound
           the hold from below and above, for a scheduled job that is to run
           once per tick
+  once    run COMMAND once across every caller of NAME: the first runs it,
+          the others wait for that run and exit with its outcome, and once
+          it succeeded every caller exits 0 at once (a database migration
+          run by one of many pods)
   status  show each lock's kind and state (free, held, kept, write, read ×N,
           held H/S permits), its holders (owner, mode, host, pid), hold
           counts or permits, remaining leases, last fencing token, queued
@@ -194,13 +209,17 @@ Connection flags (any command, before or after its name):
 
 Exit status:
   0-255  run: the command's own status; 128+N if a signal N killed it
-  0      status, unlock: done (unlock: also when the lock was already free)
+  0      status, unlock: done (unlock: also when the lock was already free);
+         once: done (by this run, another, or before)
   1      unlock: not confirmed, or the lock changed hands meanwhile
   64     usage error; run: also a --permits that is not the semaphore's size
   69     Redis error: unreachable, a failed command, a key of another type
   75     run: --wait passed while the lock was held; the command did not run
+         (once: --wait passed before the run ended; nothing ran here)
   79     run: the lease was lost while the command ran, or --max-hold passed
          (its process group was sent SIGTERM, then SIGKILL after --grace)
+  80     once: the run this caller waited for (another's) failed; the
+         command did not run here, and the next once runs it again
   126    run: COMMAND could not be executed
   127    run: COMMAND was not found
 `
@@ -262,8 +281,10 @@ func (c *cli) command(name string, args []string) int {
 		return c.status(args)
 	case "unlock":
 		return c.unlock(args)
+	case "once":
+		return c.once(args)
 	}
-	return c.usageError("unknown command %q (want run, status or unlock; see \"remutex help\")", name)
+	return c.usageError("unknown command %q (want run, once, status or unlock; see \"remutex help\")", name)
 }
 
 // version is the module version remutex was built from: "(devel)" for a

@@ -27,7 +27,9 @@ the order in which they get the lock: who waits (owner, host, pid), for
 what (WANTS: lock, read, write, or a semaphore's N permits), and for how
 long (by the waiting process's clock). It changes nothing.
 
-STATE is free, held (a mutex), kept (a mutex that nobody holds, kept taken
+STATE is free, held (a mutex), running, done, failed or not done (a
+once, as remutex once runs it and remutex.DistOnce is: the run under way,
+a run succeeded, the latest run failed), held (a mutex), kept (a mutex that nobody holds, kept taken
 by its minimum hold: run --min-hold), write (a read/write lock held for
 writing), read ×N (held for reading by N readers), or, for a semaphore of S
 permits, held H/S (H of them held) or free 0/S. MODE is a hold's: write or
@@ -56,6 +58,12 @@ wait by its own clock; writers_waiting counts those that wait to write.
 others (omitted when empty) holds, as objects of the same form, the
 locks of the other kinds that have state under the same name; error
 (omitted when empty) says why the key is not a lock.
+
+A third table lists the runs of onces: the run that made each done (who,
+host, pid, when it started, how long it took) and the latest failed run
+(kept a minute), with its error. In --json a once's object has "once":
+{"done", "run", "failed"}, each run {"owner", "host", "pid", "started",
+"duration_ms", "error"}.
 
 Exit status: 0 done, 64 usage error, 69 Redis error or a key that is not a lock.
 
@@ -141,13 +149,50 @@ func printStatus(w io.Writer, all []lockStatus) error {
 			}
 		}
 	}
-	if err := writeTable(w, rows); err != nil || len(waiting) == 1 {
+	if err := writeTable(w, rows); err != nil {
 		return err
+	}
+	if len(waiting) > 1 {
+		if _, err := io.WriteString(w, "\n"); err != nil {
+			return err
+		}
+		if err := writeTable(w, waiting); err != nil {
+			return err
+		}
+	}
+	return printOnces(w, all)
+}
+
+// printOnces prints, for the onces among all that have a record, a table
+// of their runs: the one that made it done, and the latest failed one.
+func printOnces(w io.Writer, all []lockStatus) error {
+	rows := [][]string{{"NAME", "RUN", "BY", "HOST", "PID", "STARTED", "TOOK", "ERROR"}}
+	add := func(name, what string, r *onceRun) {
+		if r == nil {
+			return
+		}
+		errText := "-"
+		if r.Error != "" {
+			errText = r.Error
+		}
+		rows = append(rows, []string{printable(name), what, r.Owner, r.Host, strconv.Itoa(r.PID),
+			r.Started.UTC().Format(time.RFC3339), describeTTL(r.DurationMs), errText})
+	}
+	for _, st := range all {
+		for _, k := range st.kinds() {
+			if k.Once != nil {
+				add(k.Name, "done", k.Once.Run)
+				add(k.Name, "failed", k.Once.Failed)
+			}
+		}
+	}
+	if len(rows) == 1 {
+		return nil
 	}
 	if _, err := io.WriteString(w, "\n"); err != nil {
 		return err
 	}
-	return writeTable(w, waiting)
+	return writeTable(w, rows)
 }
 
 // printable is a lock name as the tables show it: quoted if it holds
