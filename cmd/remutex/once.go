@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -75,20 +74,8 @@ func (c *cli) once(args []string) int {
 	}); !ok {
 		return code
 	}
-	err := cfg.positional(fs.Args())
-	if endedByDashes(args, fs.Args()) {
-		err = errors.New("no once name before --")
-	}
-	if err != nil {
-		return c.usageError("once: %v (usage: remutex once [flags] NAME -- COMMAND [ARGS...])", err)
-	}
-	leaseSet := false
-	fs.Visit(func(f *flag.Flag) { leaseSet = leaseSet || f.Name == "lease" })
-	if err := cfg.check(leaseSet); err != nil {
-		return c.usageError("once: %v", err)
-	}
-	if err := checkName(cfg.name); err != nil {
-		return c.usageError("once: %v", err)
+	if code, ok := c.commandArgs("once", "once", fs, args, &cfg.runConfig); !ok {
+		return code
 	}
 	if cfg.wait.set && cfg.wait.d == 0 {
 		return c.usageError("once: --wait 0: a once waits for the run under way; give it time, as in --wait 10m")

@@ -285,22 +285,8 @@ func (c *cli) run(args []string) int {
 	}); !ok {
 		return code
 	}
-	err := cfg.positional(fs.Args())
-	if endedByDashes(args, fs.Args()) {
-		// run -- COMMAND: the flag set took the "--", and the command's
-		// first word would be taken for NAME.
-		err = errors.New("no lock name before --")
-	}
-	if err != nil {
-		return c.usageError("run: %v (usage: remutex run [flags] NAME -- COMMAND [ARGS...])", err)
-	}
-	leaseSet := false
-	fs.Visit(func(f *flag.Flag) { leaseSet = leaseSet || f.Name == "lease" })
-	if err := cfg.check(leaseSet); err != nil {
-		return c.usageError("run: %v", err)
-	}
-	if err := checkName(cfg.name); err != nil {
-		return c.usageError("run: %v", err)
+	if code, ok := c.commandArgs("run", "lock", fs, args, &cfg); !ok {
+		return code
 	}
 	return c.runLocked(cfg)
 }
@@ -422,6 +408,30 @@ func (c *cli) runLocked(cfg runConfig) int {
 	}
 	status, lostSeen := c.supervise(cmd, cfg, sigs, lost)
 	return c.unlockAfter(m, status, lostSeen)
+}
+
+// commandArgs takes sub's (run, once) positional arguments, NAME -- COMMAND
+// [ARGS...], into cfg and checks them with its flags: it returns the usage
+// error's exit status, or ok.
+func (c *cli) commandArgs(sub, what string, fs *flag.FlagSet, args []string, cfg *runConfig) (int, bool) {
+	err := cfg.positional(fs.Args())
+	if endedByDashes(args, fs.Args()) {
+		// sub -- COMMAND: the flag set took the "--", and the command's
+		// first word would be taken for NAME.
+		err = fmt.Errorf("no %s name before --", what)
+	}
+	if err != nil {
+		return c.usageError("%s: %v (usage: remutex %s [flags] NAME -- COMMAND [ARGS...])", sub, err, sub), false
+	}
+	leaseSet := false
+	fs.Visit(func(f *flag.Flag) { leaseSet = leaseSet || f.Name == "lease" })
+	if err := cfg.check(leaseSet); err != nil {
+		return c.usageError("%s: %v", sub, err), false
+	}
+	if err := checkName(cfg.name); err != nil {
+		return c.usageError("%s: %v", sub, err), false
+	}
+	return 0, true
 }
 
 // unlockAfter unlocks m once the command is done, and returns remutex's exit
