@@ -388,31 +388,25 @@ func (f *releaseCuts) hook() redis.Hook {
 // LockContext wait on an address that refuses connections (each call then
 // spends go-redis's dial retries), whatever the go-redis options.
 func TestCloseBounded(t *testing.T) {
-	for _, opts := range optionSets {
-		t.Run(opts.name, func(t *testing.T) {
-			t.Parallel()
-			s := stalls()["refusing"](t)
-			o := &redis.Options{Addr: s.addr}
-			opts.set(o)
-			c := clientOn(t, newRDB(t, o))
-			name := lockName(t)
-			go func() {
-				c.NewMutex(name).Lock() // blocks for good once the Client is closed
-				t.Errorf("Lock on a closed Client returned")
-			}()
-			ctxDone := make(chan error, 1)
-			go func() { ctxDone <- c.NewMutex(name + "-ctx").LockContext(context.Background()) }()
-			waitFor(t, "Lock and LockContext under way", func() bool {
-				c.mu.Lock()
-				defer c.mu.Unlock()
-				return c.attempts == 2
-			})
-			within(t, "Close", CloseTimeout, c.Close)
-			if err := await(t, ctxDone, "LockContext after Close"); !errors.Is(err, ErrClosed) {
-				t.Errorf("LockContext at Close: got %v, want ErrClosed", err)
-			}
+	eachRefusing(t, func(t *testing.T, rdb *redis.Client) {
+		c := clientOn(t, rdb)
+		name := lockName(t)
+		go func() {
+			c.NewMutex(name).Lock() // blocks for good once the Client is closed
+			t.Errorf("Lock on a closed Client returned")
+		}()
+		ctxDone := make(chan error, 1)
+		go func() { ctxDone <- c.NewMutex(name + "-ctx").LockContext(context.Background()) }()
+		waitFor(t, "Lock and LockContext under way", func() bool {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			return c.attempts == 2
 		})
-	}
+		within(t, "Close", CloseTimeout, c.Close)
+		if err := await(t, ctxDone, "LockContext after Close"); !errors.Is(err, ErrClosed) {
+			t.Errorf("LockContext at Close: got %v, want ErrClosed", err)
+		}
+	})
 }
 
 // TestTryLockRefusedPromptly: against an address that refuses connections,
@@ -421,50 +415,51 @@ func TestCloseBounded(t *testing.T) {
 // refusal, whatever the go-redis options: go-redis's own dial retries take
 // seconds.
 func TestTryLockRefusedPromptly(t *testing.T) {
-	for _, opts := range optionSets {
-		t.Run(opts.name, func(t *testing.T) {
-			t.Parallel()
-			s := stalls()["refusing"](t)
-			o := &redis.Options{Addr: s.addr}
-			opts.set(o)
-			c, errs := clientWithErrors(t, newRDB(t, o))
-			m := c.NewMutex(lockName(t))
-			for i := range 3 {
-				within(t, fmt.Sprintf("TryLockContext #%d", i), 0, func() error {
-					ok, err := m.TryLockContext(context.Background())
-					if ok || !errors.Is(err, syscall.ECONNREFUSED) {
-						return fmt.Errorf("got (%v, %v), want false and the refusal", ok, err)
-					}
-					return nil
-				})
-			}
-			within(t, "TryLock", 0, func() error {
-				if m.TryLock() {
-					return errors.New("TryLock: got true")
+	eachRefusing(t, func(t *testing.T, rdb *redis.Client) {
+		c, errs := clientWithErrors(t, rdb)
+		m := c.NewMutex(lockName(t))
+		for i := range 3 {
+			within(t, fmt.Sprintf("TryLockContext #%d", i), 0, func() error {
+				ok, err := m.TryLockContext(context.Background())
+				if ok || !errors.Is(err, syscall.ECONNREFUSED) {
+					return fmt.Errorf("got (%v, %v), want false and the refusal", ok, err)
 				}
 				return nil
 			})
-			errs.await(t, syscall.ECONNREFUSED, hangGuard, "TryLock to report the refusal")
+		}
+		within(t, "TryLock", 0, func() error {
+			if m.TryLock() {
+				return errors.New("TryLock: got true")
+			}
+			return nil
 		})
-	}
+		errs.await(t, syscall.ECONNREFUSED, hangGuard, "TryLock to report the refusal")
+	})
 }
 
 // TestLockContextNamesTheRefusal: a LockContext against an address that
 // refuses connections, whose deadline ends while its call still waits for
 // go-redis's dial retries, names the refusal as its last error.
 func TestLockContextNamesTheRefusal(t *testing.T) {
+	eachRefusing(t, func(t *testing.T, rdb *redis.Client) {
+		m := clientOn(t, rdb).NewMutex(lockName(t))
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		defer cancel()
+		if err := m.LockContext(ctx); !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, syscall.ECONNREFUSED) {
+			t.Errorf("LockContext(100ms) against a refusing address: got %v, want the deadline and the refusal", err)
+		}
+	})
+}
+
+// eachRefusing runs f, in parallel, with a redis client of each option set
+// on an address that refuses connections.
+func eachRefusing(t *testing.T, f func(t *testing.T, rdb *redis.Client)) {
 	for _, opts := range optionSets {
 		t.Run(opts.name, func(t *testing.T) {
 			t.Parallel()
-			s := stalls()["refusing"](t)
-			o := &redis.Options{Addr: s.addr}
+			o := &redis.Options{Addr: stalls()["refusing"](t).addr}
 			opts.set(o)
-			m := clientOn(t, newRDB(t, o)).NewMutex(lockName(t))
-			ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
-			defer cancel()
-			if err := m.LockContext(ctx); !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, syscall.ECONNREFUSED) {
-				t.Errorf("LockContext(100ms) against a refusing address: got %v, want the deadline and the refusal", err)
-			}
+			f(t, newRDB(t, o))
 		})
 	}
 }
