@@ -157,7 +157,7 @@ func readOnce(ctx context.Context, locks *remutex.Client, st *lockStatus) error 
 // holder released while its minimum hold (run --min-hold) had time left:
 // nobody holds the lock, but it stays taken for TTLMillis more.
 type holder struct {
-	Owner     string `json:"owner"`  // <client id>:<goroutine id>
+	Owner     string `json:"owner"`  // <client id>:<goroutine id>.<n>
 	Count     int64  `json:"count"`  // its hold count (1 for a read hold, 0 for a kept one); a semaphore's holder: its permits
 	Read      bool   `json:"read"`   // a read hold of a read/write lock
 	Kept      bool   `json:"kept"`   // kept taken by its minimum hold after its release

@@ -18,7 +18,7 @@ remutex run takes and remutex.DistMutex is; a read/write lock, as run --read
 and --write take and remutex.DistRWMutex is; a semaphore, as run --permits
 takes and remutex.DistSemaphore is; independent locks that may share a
 name): its kind and state, each hold with its owner token (<client
-id>:<goroutine id>), mode, host, pid, hold count (a semaphore's holder: its
+id>:<goroutine id>.<n>, one per acquisition), mode, host, pid, hold count (a semaphore's holder: its
 permits) and remaining lease, the last fencing token handed out, the
 waiters queued in Redis (and how many of them wait to write), and the
 Clients listening for the lock's messages (waiting for it, or having just
