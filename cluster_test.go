@@ -190,7 +190,7 @@ func testClusterWaitersWoken(t *testing.T, tc *redistest.Cluster) {
 // short lease for more than three leases: the watchdog renews every one of
 // them on its own master, and none is lost.
 func testClusterWatchdog(t *testing.T, tc *redistest.Cluster) {
-	const lease = 300 * time.Millisecond
+	const lease = time.Second
 	ctx := testCtx(t, hangGuard)
 	prefix := topoPrefix(t)
 	c := clientOn(t, tc.Client(t), WithKeyPrefix(prefix))
@@ -239,11 +239,12 @@ func testClusterWatchdog(t *testing.T, tc *redistest.Cluster) {
 // master: when LockContext returns, the master's replica has the hold, and
 // renewals that wait for the replica keep it past three leases.
 func testClusterReplicaAck(t *testing.T, tc *redistest.Cluster) {
-	const lease = 300 * time.Millisecond
+	const lease = time.Second
 	ctx := testCtx(t, hangGuard)
 	prefix := topoPrefix(t)
 	c := clientOn(t, tc.Client(t), WithKeyPrefix(prefix), WithReplicaAck(1, time.Second))
 	var mutexes []*DistMutex
+	var replicas []*redistest.Node
 	for _, n := range tc.Masters {
 		m := c.NewMutex(nameOn(t, tc, n, prefix, "r"), WithLease(lease), WithFencing())
 		if err := m.LockContext(ctx); err != nil {
@@ -264,11 +265,32 @@ func testClusterReplicaAck(t *testing.T, tc *redistest.Cluster) {
 			t.Errorf("fence of %q on replica %v: got %d (%v), want %d", m.Name(), r, fence, err, m.Fence())
 		}
 		mutexes = append(mutexes, m)
+		replicas = append(replicas, r)
 	}
-	time.Sleep(3*lease + lease/2) // the time that passes is the point
+	// Each lock outlives three of its leases, renewed by acknowledged
+	// renewals: the replica's copy of the hash sees its expiry moved on.
+	expiry := func(i int) time.Time {
+		return time.Now().Add(replicas[i].RDB.PTTL(ctx, mutexes[i].spec.hash()).Val())
+	}
+	last, seen := make([]time.Time, len(mutexes)), make([]int, len(mutexes))
+	for i := range mutexes {
+		last[i] = expiry(i)
+	}
+	waitFor(t, "every lock renewed on its replica for three leases", func() bool {
+		done := true
+		for i, m := range mutexes {
+			// A renewal moves the expiry on by lease/3; clock steps and
+			// PTTL's rounding by less than lease/10.
+			if at := expiry(i); at.After(last[i].Add(lease / 10)) {
+				last[i], seen[i] = at, seen[i]+1
+			}
+			done = done && (seen[i] >= 9 || isClosed(m.Lost()))
+		}
+		return done
+	})
 	for _, m := range mutexes {
 		if isClosed(m.Lost()) {
-			t.Errorf("lock %q: Lost closed after %v with acknowledged renewals, want it held", m.Name(), 3*lease+lease/2)
+			t.Errorf("lock %q: Lost closed with acknowledged renewals, want it held", m.Name())
 		}
 		if err := m.UnlockContext(ctx); err != nil {
 			t.Errorf("lock %q: UnlockContext: got %v, want nil", m.Name(), err)

@@ -230,3 +230,42 @@ func TestStaleGrantOfAnEarlierEntryState(t *testing.T) {
 		require.NoError(t, await(t, w.unlocked, "the waiter to unlock"))
 	})
 }
+
+// TestLateGrantKeepsTheTurn: a grant that the waiter processes past its
+// claim (a busy process; here the waiter counts its claim as ended at once)
+// while Redis still has the claim as the waiter's is taken by the waiter's
+// next call, which finds it. The turn is not passed on to the waiter queued
+// behind, as a give-back would, which then had the first waiter queue
+// again at the back.
+func TestLateGrantKeepsTheTurn(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *testBackend) {
+		name := lockName(t)
+		k, rdb := keysOf(name), b.rdb(t)
+		holder := b.client(t).NewMutex(name, WithFencing())
+		holder.Lock()
+		first := b.client(t).NewMutex(name, WithFencing())
+		first.spec.claim = time.Nanosecond // every grant comes too late
+		w1 := goLock(t, first)
+		waitFor(t, "the first waiter queued", func() bool { return rdb.LLen(context.Background(), k.queue).Val() == 1 })
+		w2 := goLock(t, b.client(t).NewMutex(name, WithFencing()))
+		waitFor(t, "the second waiter queued", func() bool { return rdb.LLen(context.Background(), k.queue).Val() == 2 })
+		fence := holder.Fence()
+		holder.Unlock()
+		select {
+		case err := <-w1.locked:
+			require.NoError(t, err, "the first waiter's LockContext")
+		case err := <-w2.locked:
+			t.Fatalf("the second waiter got the lock first (LockContext: %v): the first one's late grant passed its turn on", err)
+		case <-time.After(hangGuard):
+			t.Fatalf("no waiter got the lock after %v", hangGuard)
+		}
+		if got := w1.fence.Load(); got <= fence {
+			t.Errorf("the first waiter's fence: got %d, want more than the holder's %d", got, fence)
+		}
+		w1.release()
+		require.NoError(t, await(t, w1.unlocked, "the first waiter to unlock"))
+		require.NoError(t, await(t, w2.locked, "the second waiter to get the lock"))
+		w2.release()
+		require.NoError(t, await(t, w2.unlocked, "the second waiter to unlock"))
+	})
+}

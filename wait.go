@@ -519,15 +519,26 @@ func (a *attempt) holdOff(ctx context.Context) error {
 // entry as the call that last wrote it left it, with that call's send time:
 // the grant came after it, so it is valid for its claim lease from then,
 // however late its message came, and whichever call of the wait (or copy of
-// one) wrote it; a grant past that is given back (see complete). The
-// watchdog extends it to the full lease if the hold outlives a third of
-// that. Where the grant must be confirmed by replicas (WithReplicaAck), the
-// next call confirms it instead.
+// one) wrote it. The watchdog extends it to the full lease if the hold
+// outlives a third of that.
+//
+// A grant that comes past its claim is neither taken nor given back: the
+// wait's next call, sent at once under the same owner token, finds out. If
+// the claim is still the owner's in Redis, the call takes the lock for the
+// full lease (see acquire.lua: "our field exists"), valid from its own send
+// time; if not, the lock has moved on and the call queues the waiter again.
+// A grant merely processed late (a busy process) thus keeps the waiter's
+// turn, where a give-back would pass it to the next in the queue. Where the
+// grant must be confirmed by replicas (WithReplicaAck), the next call
+// confirms it in the same way.
 func (a *attempt) claim(ctx context.Context, g grant) (bool, error) {
 	if a.m.c.be.acked() {
 		return false, nil
 	}
 	sent := a.m.c.epoch.Add(time.Duration(g.at) * time.Millisecond)
+	if !time.Now().Before(sent.Add(validity(a.m.spec.claim))) {
+		return false, nil
+	}
 	return a.complete(ctx, g.fence, sent, a.m.spec.claim)
 }
 

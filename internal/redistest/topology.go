@@ -129,11 +129,15 @@ type Cluster struct {
 // every node reports cluster_state:ok, knows every other node, and every
 // replica is in sync. extra are arguments of every server, after the
 // harness's own (e.g. "--cluster-node-timeout", "1000": 5000 unless given).
-// The servers are stopped at the end of the test.
+// A cluster-node-timeout in extra is set once the cluster has formed: a
+// short one during formation lets a busy machine's slow gossip fail nodes
+// over before the cluster is ever ok. The servers are stopped at the end
+// of the test.
 func StartCluster(t testing.TB, masters, replicasPer int, extra ...string) *Cluster {
 	t.Helper()
 	bin := Require(t, "redis-server")
 	cli := Require(t, "redis-cli")
+	extra, nodeTimeout := splitArg(extra, "--cluster-node-timeout")
 	nodes := launchNodes(t, bin, masters*(1+replicasPer), extra)
 	ctx := adminCtx(t)
 	args := []string{"--cluster", "create"}
@@ -151,9 +155,17 @@ func StartCluster(t testing.TB, masters, replicasPer int, extra ...string) *Clus
 		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
 	}
 	c := &Cluster{}
-	WaitFor(t, hangGuard, "cluster_state:ok on every node, all nodes known, replicas in sync", func() bool {
-		return c.sortRoles(ctx, nodes, masters)
-	})
+	formCtx, cancel := context.WithTimeout(context.Background(), formGuard+hangGuard)
+	defer cancel()
+	awaitFormed(t, formCtx, c, nodes, masters)
+	ctx = adminCtx(t)
+	if nodeTimeout != "" {
+		for _, n := range nodes {
+			if err := n.RDB.ConfigSet(ctx, "cluster-node-timeout", nodeTimeout).Err(); err != nil {
+				t.Fatalf("CONFIG SET cluster-node-timeout on %v: %v", n, err)
+			}
+		}
+	}
 	for _, r := range c.Replicas {
 		repl := r.RDB.Info(ctx, "replication").Val()
 		for _, m := range c.Masters {
@@ -281,30 +293,73 @@ func FreePortWithBus(v Version) (int, error) {
 	return freePortWithBus()
 }
 
-// sortRoles fills Masters and Replicas from nodes and reports whether the
-// cluster is ready: every node ok and knowing all, masters masters, every
-// replica's link up.
-func (c *Cluster) sortRoles(ctx context.Context, nodes []*Node, masters int) bool {
+// awaitFormed waits until sortRoles finds the cluster ready, failing the
+// test with what it found last if that takes longer than formGuard.
+func awaitFormed(t testing.TB, ctx context.Context, c *Cluster, nodes []*Node, masters int) {
+	t.Helper()
+	deadline := time.Now().Add(formGuard)
+	for {
+		missing := c.sortRoles(ctx, nodes, masters)
+		if missing == "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("cluster not formed after %v: %s", formGuard, missing)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// formGuard bounds the wait for a new cluster to form: longer than
+// hangGuard, because a busy machine's gossip between six servers takes a
+// while to agree, and it too only turns a hang into a failure.
+const formGuard = 3 * hangGuard
+
+// sortRoles fills Masters and Replicas from nodes and says what the cluster
+// lacks to be ready ("" when it is): every node ok and knowing all, masters
+// masters, every replica's link up.
+func (c *Cluster) sortRoles(ctx context.Context, nodes []*Node, masters int) string {
 	c.Masters, c.Replicas = nil, nil
 	for _, n := range nodes {
 		info, err := n.RDB.ClusterInfo(ctx).Result()
-		if err != nil || !strings.Contains(info, "cluster_state:ok") ||
-			!strings.Contains(info, fmt.Sprintf("cluster_known_nodes:%d", len(nodes))) {
-			return false
+		switch {
+		case err != nil:
+			return fmt.Sprintf("CLUSTER INFO on %v: %v", n, err)
+		case !strings.Contains(info, "cluster_state:ok"):
+			return fmt.Sprintf("%v is not cluster_state:ok", n)
+		case !strings.Contains(info, fmt.Sprintf("cluster_known_nodes:%d\r", len(nodes))):
+			return fmt.Sprintf("%v does not know all %d nodes", n, len(nodes))
 		}
 		repl, err := n.RDB.Info(ctx, "replication").Result()
 		switch {
 		case err != nil:
-			return false
+			return fmt.Sprintf("INFO replication on %v: %v", n, err)
 		case strings.Contains(repl, "role:master"):
 			c.Masters = append(c.Masters, n)
 		case strings.Contains(repl, "master_link_status:up"):
 			c.Replicas = append(c.Replicas, n)
 		default:
-			return false
+			return fmt.Sprintf("replica %v's link to its master is not up", n)
 		}
 	}
-	return len(c.Masters) == masters && len(c.Replicas) == len(nodes)-masters
+	if len(c.Masters) != masters {
+		return fmt.Sprintf("%d masters, want %d", len(c.Masters), masters)
+	}
+	return ""
+}
+
+// splitArg removes flag and its value from args, returning the rest and
+// the value ("" if args lacks flag).
+func splitArg(args []string, flag string) (rest []string, value string) {
+	for i := 0; i < len(args); i++ {
+		if args[i] == flag && i+1 < len(args) {
+			value = args[i+1]
+			i++
+			continue
+		}
+		rest = append(rest, args[i])
+	}
+	return rest, value
 }
 
 // Addrs returns the addresses of the masters.
