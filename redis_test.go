@@ -54,14 +54,21 @@ type testBackend struct {
 
 func (b *testBackend) real() bool { return b.srv != nil }
 
-// eachBackend runs f as a subtest on miniredis and on the shared real
-// redis-server.
+// serverOnlyEnv, set to 1, leaves out eachBackend's miniredis subtests: a
+// run of the suite against another server binary (see .ci/run) repeats
+// only what that server can change.
+const serverOnlyEnv = "REMUTEX_SERVER_ONLY"
+
+// eachBackend runs f as a subtest on miniredis (unless serverOnlyEnv is
+// set) and on the shared real redis-server.
 func eachBackend(t *testing.T, f func(t *testing.T, b *testBackend)) {
 	t.Helper()
-	t.Run("miniredis", func(t *testing.T) {
-		mr := miniredis.RunT(t)
-		f(t, &testBackend{name: "miniredis", addr: mr.Addr(), mr: mr})
-	})
+	if os.Getenv(serverOnlyEnv) != "1" {
+		t.Run("miniredis", func(t *testing.T) {
+			mr := miniredis.RunT(t)
+			f(t, &testBackend{name: "miniredis", addr: mr.Addr(), mr: mr})
+		})
+	}
 	t.Run("redis-server", func(t *testing.T) {
 		srv := redistest.Shared(t)
 		f(t, &testBackend{name: "redis-server", addr: srv.Addr(), srv: srv})

@@ -294,10 +294,14 @@ func FreePortWithBus(v Version) (int, error) {
 }
 
 // awaitFormed waits until sortRoles finds the cluster ready, failing the
-// test with what it found last if that takes longer than formGuard.
+// test with what it found last if that takes longer than formGuard. Every
+// remeetEvery it has nodes meet those they do not know: a server drops a
+// handshake that does not complete within its node timeout (on a busy
+// machine), and redis-cli --cluster create meets each node once.
 func awaitFormed(t testing.TB, ctx context.Context, c *Cluster, nodes []*Node, masters int) {
 	t.Helper()
 	deadline := time.Now().Add(formGuard)
+	remeet := time.Now().Add(remeetEvery)
 	for {
 		missing := c.sortRoles(ctx, nodes, masters)
 		if missing == "" {
@@ -306,7 +310,52 @@ func awaitFormed(t testing.TB, ctx context.Context, c *Cluster, nodes []*Node, m
 		if time.Now().After(deadline) {
 			t.Fatalf("cluster not formed after %v: %s", formGuard, missing)
 		}
+		if time.Now().After(remeet) {
+			meetUnknown(ctx, nodes)
+			remeet = time.Now().Add(remeetEvery)
+		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// remeetEvery is how often awaitFormed has the nodes meet again.
+const remeetEvery = time.Second
+
+// meetUnknown has every node meet each other node it does not know (CLUSTER
+// MEET with the address and bus port the other reports for itself). Errors
+// are left to the caller's wait.
+func meetUnknown(ctx context.Context, nodes []*Node) {
+	self := make([][]interface{}, len(nodes)) // each node's MEET arguments
+	known := make([]map[string]bool, len(nodes))
+	for i, m := range nodes {
+		out, err := m.RDB.ClusterNodes(ctx).Result()
+		if err != nil {
+			return
+		}
+		known[i] = map[string]bool{}
+		for _, line := range strings.Split(out, "\n") {
+			f := strings.Fields(line)
+			if len(f) < 3 {
+				continue
+			}
+			addr, _, _ := strings.Cut(f[1], ",") // ip:port@cport[,hostname]
+			hostPort, cport, _ := strings.Cut(addr, "@")
+			known[i][hostPort] = true
+			if strings.Contains(f[2], "myself") {
+				host, port, _ := strings.Cut(hostPort, ":")
+				self[i] = []interface{}{"cluster", "meet", host, port}
+				if cport != "" && cport != strconv.Itoa(m.Port()+busOffset) {
+					self[i] = append(self[i], cport)
+				}
+			}
+		}
+	}
+	for i, n := range nodes {
+		for j, meet := range self {
+			if j != i && meet != nil && !known[i][meet[2].(string)+":"+meet[3].(string)] {
+				_ = n.RDB.Do(ctx, meet...).Err()
+			}
+		}
 	}
 }
 
