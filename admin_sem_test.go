@@ -170,7 +170,7 @@ func TestForceUnlockSemaphore(t *testing.T) {
 		_, err := ps.Receive(ctx)
 		require.NoError(t, err)
 		w := goAcquire(t, cw.NewSemaphore(name, 3, WithLease(short), WithFencing()), 2)
-		waitFor(t, "the waiter queued", func() bool { return rdb.LLen(ctx, k.queue).Val() == 1 })
+		awaitInQueue(t, rdb, k.queue, 1)
 
 		info, err := admin.Inspect(ctx, name)
 		require.NoError(t, err)

@@ -165,7 +165,7 @@ func TestForceUnlock(t *testing.T) {
 		_, err = ps.Receive(ctx)
 		require.NoError(t, err)
 		w := goLock(t, cb.NewMutex(name, WithFencing()))
-		waitFor(t, "the waiter queued", func() bool { return rdb.LLen(ctx, k.queue).Val() == 1 })
+		awaitInQueue(t, rdb, k.queue, 1)
 
 		released, err = admin.ForceUnlock(ctx, name, owner)
 		require.NoError(t, err)

@@ -317,7 +317,7 @@ func TestBatchReleasesLookTogether(t *testing.T) {
 		}
 		k := keysOf(ms[0].spec.name)
 		w := goLock(t, b.client(t).NewMutex(ms[0].spec.name))
-		waitFor(t, "the waiter queued", func() bool { return rdb.LLen(context.Background(), k.queue).Val() == 1 })
+		awaitInQueue(t, rdb, k.queue, 1)
 
 		ra, rb := stall(t, c, g, a, bm)
 		res := make(chan error, n)

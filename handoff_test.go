@@ -246,9 +246,9 @@ func TestLateGrantKeepsTheTurn(t *testing.T) {
 		first := b.client(t).NewMutex(name, WithFencing())
 		first.spec.claim = time.Nanosecond // every grant comes too late
 		w1 := goLock(t, first)
-		waitFor(t, "the first waiter queued", func() bool { return rdb.LLen(context.Background(), k.queue).Val() == 1 })
+		awaitInQueue(t, rdb, k.queue, 1)
 		w2 := goLock(t, b.client(t).NewMutex(name, WithFencing()))
-		waitFor(t, "the second waiter queued", func() bool { return rdb.LLen(context.Background(), k.queue).Val() == 2 })
+		awaitInQueue(t, rdb, k.queue, 2)
 		fence := holder.Fence()
 		holder.Unlock()
 		select {

@@ -37,7 +37,7 @@ func TestQuickReleaseWakesTheQueue(t *testing.T) {
 			locked <- struct{}{}
 			_ = waiter.UnlockContext(ctx)
 		}()
-		waitFor(t, "the waiter queued", func() bool { return rdb.LLen(ctx, k.queue).Val() == 1 })
+		awaitInQueue(t, rdb, k.queue, 1)
 		start := time.Now()
 		h.release()
 		if err := await(t, h.unlocked, "the holder's UnlockContext"); err != nil {

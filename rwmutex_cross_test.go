@@ -62,7 +62,31 @@ func rwStateOf(t testing.TB, rdb *redis.Client, k rwKeyNames) rwState {
 // awaitQueued waits until n waiters are queued for the lock.
 func awaitQueued(t testing.TB, rdb *redis.Client, k rwKeyNames, n int64) {
 	t.Helper()
-	waitFor(t, fmt.Sprintf("%d waiters queued", n), func() bool { return rdb.LLen(context.Background(), k.queue).Val() == n })
+	awaitInQueue(t, rdb, k.queue, n)
+}
+
+// awaitInQueue waits until queue holds n entries and the Client of each
+// listens for its messages: a queued waiter subscribes after its queueing
+// call returned, and a release that finds nobody listening drops the head
+// of the queue (its process is taken for gone), which then queues again at
+// the back. A test of the queue's order needs its waiters listening.
+func awaitInQueue(t testing.TB, rdb *redis.Client, queue string, n int64) {
+	t.Helper()
+	ctx := context.Background()
+	waitFor(t, fmt.Sprintf("%d waiters queued and listening", n), func() bool {
+		entries := rdb.LRange(ctx, queue, 0, -1).Val()
+		if int64(len(entries)) != n {
+			return false
+		}
+		for _, e := range entries {
+			// <claim>:<flag>:<wait>:<client id>:<rest of the owner>
+			f := strings.SplitN(e, ":", 5)
+			if len(f) < 5 || len(rdb.PubSubChannels(ctx, "*:released:"+f[3]).Val()) == 0 {
+				return false
+			}
+		}
+		return true
+	})
 }
 
 // notYet fails the test if ch is closed.
