@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -130,14 +131,56 @@ func LaunchOn(bin, dir string, port int, extra ...string) (*Server, error) {
 	return s, nil
 }
 
-// FreePort returns a loopback TCP port that was free a moment ago.
+// FreePort returns a loopback TCP port that was free a moment ago: one the
+// system picks, or, where PortsEnv names a range, the next free one of that
+// range.
 func FreePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	lo, hi, err := portRange()
 	if err != nil {
 		return 0, err
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	if lo == 0 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return 0, err
+		}
+		defer l.Close()
+		return l.Addr().(*net.TCPAddr).Port, nil
+	}
+	for range hi - lo + 1 {
+		port := lo + int(nextPort.Add(1)-1)%(hi-lo+1)
+		if l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port)); err == nil {
+			_ = l.Close()
+			return port, nil
+		}
+	}
+	return 0, fmt.Errorf("no free port in %s=%d-%d", PortsEnv, lo, hi)
+}
+
+// PortsEnv names a range of ports, "lo-hi", that the servers a test starts
+// listen on. Suites that run at once on one machine (see .ci/run) each get
+// a range of their own: a port one suite's server has left may otherwise
+// be taken by another's, which the first one's sentinels or cluster nodes
+// still know and then reconfigure. Ports are taken in turn through the
+// range, so that a suite reuses none soon either. Unset, the system picks.
+const PortsEnv = "REMUTEX_TEST_PORTS"
+
+// nextPort is the offset in the PortsEnv range that FreePort tries next.
+var nextPort atomic.Int64
+
+// portRange reads PortsEnv: 0, 0 when it is unset.
+func portRange() (lo, hi int, err error) {
+	v := os.Getenv(PortsEnv)
+	if v == "" {
+		return 0, 0, nil
+	}
+	a, b, ok := strings.Cut(v, "-")
+	lo, err1 := strconv.Atoi(a)
+	hi, err2 := strconv.Atoi(b)
+	if !ok || err1 != nil || err2 != nil || lo < 1 || hi > 65535 || lo > hi {
+		return 0, 0, fmt.Errorf("%s=%q: want lo-hi, two ports", PortsEnv, v)
+	}
+	return lo, hi, nil
 }
 
 // Addr returns host:port.

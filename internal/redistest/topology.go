@@ -266,19 +266,16 @@ const busOffset = 10000
 // the port busOffset above it free too.
 func freePortWithBus() (int, error) {
 	for try := 0; try < 100; try++ {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+		port, err := FreePort()
 		if err != nil {
 			return 0, err
 		}
-		port := l.Addr().(*net.TCPAddr).Port
 		if port+busOffset <= 65535 {
 			if bus, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port+busOffset)); err == nil {
 				_ = bus.Close()
-				_ = l.Close()
 				return port, nil
 			}
 		}
-		_ = l.Close()
 	}
 	return 0, fmt.Errorf("no free port with port+%d free after 100 tries", busOffset)
 }
