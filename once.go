@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -200,6 +201,10 @@ func (o *DistOnce) lead(ctx context.Context, f func(ctx context.Context) error, 
 	// after it. One that appears while it waits is its run's.
 	seen := st.errRaw
 	if err := o.m.LockContext(ctx); err != nil {
+		var re *runEnded
+		if errors.As(err, &re) {
+			return o.told(re.outcome, fl)
+		}
 		return err
 	}
 	st, err = o.read(ctx)
@@ -215,6 +220,33 @@ func (o *DistOnce) lead(ctx context.Context, f func(ctx context.Context) error, 
 		return nil
 	}
 	fl.err, fl.retry = o.wrap(st.failed), false
+	return fl.err
+}
+
+// runEnded is how the wait of a Do for the once's lock ends when the run
+// it waited for ends: the run's final release removed the waiter's queue
+// entry and told its Client the outcome in the same call (see
+// once_release.lua), so the waiter returns with it, without a call of its
+// own, rather than be handed the lock to read the outcome and pass it on.
+type runEnded struct {
+	outcome string // "d" done, or "e" and the failed run's error record
+}
+
+func (e *runEnded) Error() string { return "remutex: the run waited for ended" }
+
+// told is Do's outcome for a waiter told the outcome of its run: the run's
+// release recorded it (see runEnded).
+func (o *DistOnce) told(outcome string, fl *onceFlight) error {
+	if outcome == "d" {
+		o.done.Store(true)
+		fl.retry = false
+		return nil
+	}
+	rec, err := parseOnceRecord(o.m.spec.keys[4], strings.TrimPrefix(outcome, "e"))
+	if err != nil {
+		return o.wrap(err)
+	}
+	fl.err, fl.retry = o.wrap(rec.onceError(o.m.spec.name)), false
 	return fl.err
 }
 
