@@ -115,7 +115,16 @@ func TestOnce(t *testing.T) {
 		require.NoError(t, o.Do(ctx, f))
 		_, cmds := log.counts()
 		cmds = slices.DeleteFunc(cmds, func(c string) bool { return c == "hello" || c == "client" })
-		assert.Equal(t, []string{"evalsha"}, cmds, "commands of a Do that finds the record (beside the connection's setup)")
+		assert.Equal(t, []string{"get", "get"}, cmds, "commands of a Do that finds the record (beside the connection's setup)")
+		var gets []time.Time
+		for _, c := range log.since(time.Time{}) {
+			if fmt.Sprint(c.args[0]) == "get" {
+				gets = append(gets, c.at)
+			}
+		}
+		if assert.Len(t, gets, 2) {
+			assert.Equal(t, gets[0], gets[1], "the GETs of a Do that finds the record: one pipeline (recorded together)")
+		}
 		assert.Equal(t, int32(1), runs.Load(), "runs of f")
 		k := onceKeysOf(name)
 		ttl := rdb.PTTL(ctx, k.done).Val()
