@@ -24,7 +24,8 @@ import (
 //   - The run holds a lock of the once's own (P{name}:once, never a
 //     DistMutex's of the same name) with a lease that the Client's watchdog
 //     renews; f's context ends if that hold is lost. The others wait in the
-//     lock's queue and are woken by its hand-off message: nobody polls.
+//     lock's queue, and the run's final release tells them its outcome in
+//     one message per Client: each returns with it, and nobody polls.
 //   - The run's final release records its outcome in the same script call:
 //     a success as the done record P{name}:once:done, kept without expiry
 //     (it survives every lease, not a flush of the data set or the loss of
@@ -42,7 +43,7 @@ import (
 //     valid).
 //   - Once a value has seen the done record, its Do returns nil with no
 //     Redis command, as sync.Once's does; until then Do costs one round
-//     trip when the record is there. Concurrent calls of one value wait
+//     trip (two GETs) when the record is there. Concurrent calls of one value wait
 //     for one of them, which alone goes to Redis (and its queue), and
 //     return with its outcome; one whose context ends returns alone.
 //   - Do from f (on the goroutine running f, through the same value)
