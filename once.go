@@ -234,7 +234,9 @@ type runEnded struct {
 	outcome string // "d" done, or "e" and the failed run's error record
 }
 
-func (e *runEnded) Error() string { return "remutex: the run waited for ended" }
+func (e *runEnded) Error() string {
+	return "remutex: the once's run ended, and its release told the outcome"
+}
 
 // told is Do's outcome for a waiter told the outcome of its run: the run's
 // release recorded it (see runEnded).

@@ -589,10 +589,16 @@ func TestOnceWaitersTold(t *testing.T) {
 				onces := make([]*DistOnce, waiters)
 				sends := make([]*acquireSends, waiters)
 				res := make([]<-chan error, waiters)
-				var handed atomic.Int32 // waiters the queue handed the lock
+				var handed, waited, failedWaits atomic.Int32
 				count := WithHook(func(ev Event) {
-					if ev.Kind == EventAcquired && ev.Granted {
-						handed.Add(1)
+					switch {
+					case ev.Kind == EventAcquired && ev.Granted:
+						handed.Add(1) // a waiter the queue handed the lock
+					case ev.Kind == EventWaited && ev.Err != nil:
+						failedWaits.Add(1)
+						fallthrough
+					case ev.Kind == EventWaited:
+						waited.Add(1)
 					}
 				})
 				for i := range onces {
@@ -626,6 +632,8 @@ func TestOnceWaitersTold(t *testing.T) {
 				// the second may be handed it by the first.)
 				assert.LessOrEqual(t, handed.Load(), int32(1), "waiters handed the lock after the run, of %d", waiters)
 				assert.Zero(t, ran.Load(), "runs of f by the run's waiters")
+				assert.Equal(t, int32(waiters), waited.Load(), "EventWaited of the waiters")
+				assert.Zero(t, failedWaits.Load(), "EventWaited with an error: the waiters' Do had its outcome")
 				k := onceKeysOf(name)
 				assert.Zero(t, rdb.Exists(ctx, k.hash, k.queue).Val(), "lock or queue left")
 				if !fail {

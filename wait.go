@@ -341,7 +341,14 @@ func (a *attempt) wait(ctx context.Context, r reply, err error) (_ bool, failed 
 	defer a.exit()
 	if c := a.m.c; c.hook != nil {
 		c.emit(a.waitEvent(ctx, EventWaiting, nil))
-		defer func() { c.emit(a.waitEvent(ctx, EventWaited, failed)) }()
+		defer func() {
+			err := failed
+			var ended *runEnded
+			if errors.As(err, &ended) {
+				err = nil // (not a failure: the Do has its outcome; see EventWaited)
+			}
+			c.emit(a.waitEvent(ctx, EventWaited, err))
+		}()
 	}
 	for {
 		switch {
