@@ -11,7 +11,7 @@ import (
 )
 
 // BenchmarkOnceDo is a Do of a once that is done: "found" by a value that
-// has not seen the record yet (one round trip: once.lua reads it), "known"
+// has not seen the record yet (one round trip: two GETs), "known"
 // by a value that has (no round trip). Set "found" beside
 // BenchmarkLockUnlock's uncontended cycle.
 func BenchmarkOnceDo(b *testing.B) {
