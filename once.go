@@ -202,11 +202,7 @@ func (o *DistOnce) lead(ctx context.Context, f func(ctx context.Context) error, 
 	// A failed run's error seen now is not this call's: it runs f again
 	// after it. One that appears while it waits is its run's.
 	seen := st.errRaw
-	if err := o.m.LockContext(ctx); err != nil {
-		var re *runEnded
-		if errors.As(err, &re) {
-			return o.told(re.outcome, fl)
-		}
+	if done, err := o.wait(ctx, seen, fl); done || err != nil {
 		return err
 	}
 	st, err = o.read(ctx)
@@ -225,13 +221,47 @@ func (o *DistOnce) lead(ctx context.Context, f func(ctx context.Context) error, 
 	return fl.err
 }
 
+// wait takes the once's lock for lead, or ends with the outcome of the run
+// it waited for (done true, with Do's error): the outcome its release told
+// (see runEnded), or, if the wait's queue entry was found gone without it
+// (the message missed), the outcome in Redis, if a run ended since the Do
+// read seen; else it waits again.
+func (o *DistOnce) wait(ctx context.Context, seen string, fl *onceFlight) (done bool, err error) {
+	for {
+		err := o.m.LockContext(ctx)
+		var re *runEnded
+		switch {
+		case err == nil:
+			return false, nil
+		case !errors.As(err, &re):
+			return true, err
+		case re.outcome != "":
+			return true, o.told(re.outcome, fl)
+		}
+		st, err := o.read(ctx)
+		switch {
+		case err != nil:
+			return true, err
+		case st.done != nil:
+			fl.retry = false
+			return true, nil
+		case st.failed != nil && st.errRaw != seen:
+			fl.err, fl.retry = o.wrap(st.failed), false
+			return true, fl.err
+		}
+	}
+}
+
 // runEnded is how the wait of a Do for the once's lock ends when the run
 // it waited for ends: the run's final release removed the waiter's queue
 // entry and told its Client the outcome in the same call (see
 // once_release.lua), so the waiter returns with it, without a call of its
 // own, rather than be handed the lock to read the outcome and pass it on.
 type runEnded struct {
-	outcome string // "d" done, or "e" and the failed run's error record
+	// outcome is "d" done, "e" and the failed run's error record, or ""
+	// if the wait found its entry gone without a message: Do then reads
+	// the records.
+	outcome string
 }
 
 func (e *runEnded) Error() string {

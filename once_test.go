@@ -668,9 +668,7 @@ func TestOnceWaiterUntold(t *testing.T) {
 	b := &testBackend{name: "redis-server", addr: srv.Addr(), srv: srv}
 	ctx := testCtx(t, 2*hangGuard)
 	admin := b.rdb(t)
-	user := "nosub-" + strings.ReplaceAll(lockName(t), ".", "-")
-	require.NoError(t, admin.Do(ctx, append([]interface{}{"acl", "setuser", user, "on", ">pw", "~*", "&*", "+@all"}, knownRules(t, admin, "-subscribe", "-ssubscribe", "-psubscribe")...)...).Err())
-	t.Cleanup(func() { admin.Do(context.Background(), "acl", "deluser", user) })
+	user := noSubscribeUser(t, admin)
 	deaf := clientOn(t, b.rdb(t, func(o *redis.Options) { o.Username, o.Password = user, "pw" }))
 	for _, fail := range []bool{true, false} {
 		name := lockName(t)
@@ -704,4 +702,95 @@ func TestOnceWaiterUntold(t *testing.T) {
 		k := onceKeysOf(name)
 		assert.Zero(t, admin.Exists(ctx, k.hash, k.queue).Val(), "lock or queue left (fail %v)", fail)
 	}
+}
+
+// noSubscribeUser creates an ACL user who may not SUBSCRIBE (its Clients
+// poll), removed at cleanup, and returns its name.
+func noSubscribeUser(t *testing.T, admin *redis.Client) string {
+	t.Helper()
+	ctx := context.Background()
+	user := "nosub-" + strings.ReplaceAll(lockName(t), ".", "-")
+	require.NoError(t, admin.Do(ctx, append([]interface{}{"acl", "setuser", user, "on", ">pw", "~*", "&*", "+@all"}, knownRules(t, admin, "-subscribe", "-ssubscribe", "-psubscribe")...)...).Err())
+	t.Cleanup(func() { admin.Do(context.Background(), "acl", "deluser", user) })
+	return user
+}
+
+// TestOnceWaiterUntoldNextRun: a waiter that did not hear its run's end
+// (it polls) and finds its entry gone while the next run holds the lock
+// returns its own run's error from Redis at once: it does not queue again
+// and wait for the next run. Only on the real server (ACL).
+func TestOnceWaiterUntoldNextRun(t *testing.T) {
+	srv := redistest.Shared(t)
+	b := &testBackend{name: "redis-server", addr: srv.Addr(), srv: srv}
+	ctx := testCtx(t, 2*hangGuard)
+	admin := b.rdb(t)
+	user := noSubscribeUser(t, admin)
+	var (
+		mu   sync.Mutex
+		shut chan struct{} // while not nil, the deaf Client's acquire calls wait for it to close
+	)
+	gate := func(cmds ...redis.Cmder) {
+		for _, cmd := range cmds {
+			if name, _ := scriptCall(cmd); name == "acquire" {
+				mu.Lock()
+				ch := shut
+				mu.Unlock()
+				if ch != nil {
+					<-ch
+				}
+				return
+			}
+		}
+	}
+	drdb := b.rdb(t, func(o *redis.Options) { o.Username, o.Password = user, "pw" })
+	drdb.AddHook(hookFuncs{
+		process: func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
+			gate(cmd)
+			return next(ctx, cmd)
+		},
+		pipeline: func(ctx context.Context, cmds []redis.Cmder, next redis.ProcessPipelineHook) error {
+			gate(cmds...)
+			return next(ctx, cmds)
+		},
+	})
+	name := lockName(t)
+	started1, release1 := make(chan struct{}), make(chan struct{})
+	runner1 := doAsync(t, ctx, b.client(t).NewOnce(name), func(context.Context) error {
+		close(started1)
+		<-release1
+		return errors.New("first")
+	})
+	<-started1
+	ran := false
+	w := doAsync(t, ctx, clientOn(t, drdb).NewOnce(name), func(context.Context) error { ran = true; return nil })
+	onceWaiters(t, admin, name, 1)
+	open := make(chan struct{})
+	mu.Lock()
+	shut = open
+	mu.Unlock()
+	close(release1)
+	assert.EqualError(t, await(t, runner1, "the first runner"), "first")
+	started2, release2 := make(chan struct{}), make(chan struct{})
+	end2 := sync.OnceFunc(func() { close(release2) })
+	defer end2() // (before the cleanup that joins runner2, should the test fail)
+	runner2 := doAsync(t, ctx, b.client(t).NewOnce(name), func(context.Context) error {
+		close(started2)
+		<-release2
+		return nil
+	})
+	<-started2
+	mu.Lock()
+	shut = nil
+	mu.Unlock()
+	close(open)
+	err := await(t, w, "the deaf waiter, while the next run goes on")
+	var oe *OnceError
+	if assert.ErrorAs(t, err, &oe, "the deaf waiter: got %v", err) {
+		assert.Equal(t, "first", oe.Message, "the deaf waiter's error: its own run's")
+	}
+	assert.False(t, ran, "the deaf waiter ran f")
+	end2()
+	require.NoError(t, await(t, runner2, "the second runner"))
+	k := onceKeysOf(name)
+	assert.Zero(t, admin.Exists(ctx, k.hash, k.queue).Val(), "lock or queue left")
 }

@@ -366,8 +366,11 @@ func (a *attempt) wait(ctx context.Context, r reply, err error) (_ bool, failed 
 			}
 			// Granted too late to be valid, and released again: look again.
 		case err == nil && r.code == replyGone:
-			if out := a.told(); out != "" {
-				return a.ended(ctx, out) // (what removed the entry)
+			if out := a.told(); out != "" || a.m.spec.sc == onceScripts {
+				// (A once's entry is gone, most likely, because its run
+				// ended and told the outcome, and the message was missed:
+				// Do reads the records rather than queue again.)
+				return a.ended(ctx, out)
 			}
 			a.renewEntry() // and queue again at once
 		default:
@@ -555,7 +558,9 @@ func (a *attempt) told() string {
 
 // ended ends a wait for a DistOnce's lock whose run ended: the run's final
 // release removed the attempt's entry and told it the outcome, which its
-// Do returns (see runEnded) without a call. Should the attempt's latest
+// Do returns (see runEnded) without a call; or ("" outcome) its entry was
+// found gone without the message, and Do reads the outcome. Should the
+// attempt's latest
 // call have got no answer, that call may still reach Redis and queue it
 // again, or take the lock: a leave follows it, as giveUp's does.
 func (a *attempt) ended(ctx context.Context, outcome string) (bool, error) {
