@@ -168,9 +168,12 @@
 // no outcome runs f under the renewed hold, and its final release,
 // once_release.lua, records the outcome in the same call: P{N}:once:done
 // (kept without expiry) for a success, P{N}:once:err (kept briefly, for the
-// run's waiters) for a failure. The waiters queue as for a mutex; each, once
-// handed the lock, finds the outcome and releases it to the next. once.lua
-// reads and deletes the records.
+// run's waiters) for a failure, and tells the waiters queued as for a mutex
+// the outcome, one message per Client, removing their entries: each returns
+// with it, without a call. A waiter that does not hear it finds its entry
+// gone at its next call, and takes the lock to read the outcome. Do reads
+// the records with two GETs; once.lua deletes them (Reset) and names a
+// record key of another type.
 //
 // # Deadlines, losses and shutdown
 //

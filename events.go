@@ -17,9 +17,10 @@ const (
 	EventAcquired EventKind = iota + 1
 	// EventWaited: a Lock that found the lock busy stopped waiting. Duration
 	// is the time from the Lock call until then; Err is nil if it then held
-	// the lock (reported by EventAcquired just before), else why it gave up:
-	// it wraps context.DeadlineExceeded or context.Canceled when ctx ended
-	// the wait.
+	// the lock (reported by EventAcquired just before), or if it waited in a
+	// DistOnce's Do whose run ended and told it the outcome (no
+	// EventAcquired then), else why it gave up: it wraps
+	// context.DeadlineExceeded or context.Canceled when ctx ended the wait.
 	EventWaited
 	// EventReleased: the final Unlock released the lock. Duration is how long
 	// it was held. Err is nil, or the error of a release that failed: the

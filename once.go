@@ -5,11 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/petermattis/goid"
+	"github.com/redis/go-redis/v9"
 )
 
 // DistOnce is sync.Once across processes: of all the callers of Do with its
@@ -22,7 +24,8 @@ import (
 //   - The run holds a lock of the once's own (P{name}:once, never a
 //     DistMutex's of the same name) with a lease that the Client's watchdog
 //     renews; f's context ends if that hold is lost. The others wait in the
-//     lock's queue and are woken by its hand-off message: nobody polls.
+//     lock's queue, and the run's final release tells them its outcome in
+//     one message per Client: each returns with it, and nobody polls.
 //   - The run's final release records its outcome in the same script call:
 //     a success as the done record P{name}:once:done, kept without expiry
 //     (it survives every lease, not a flush of the data set or the loss of
@@ -40,7 +43,7 @@ import (
 //     valid).
 //   - Once a value has seen the done record, its Do returns nil with no
 //     Redis command, as sync.Once's does; until then Do costs one round
-//     trip when the record is there. Concurrent calls of one value wait
+//     trip (two GETs) when the record is there. Concurrent calls of one value wait
 //     for one of them, which alone goes to Redis (and its queue), and
 //     return with its outcome; one whose context ends returns alone.
 //   - Do from f (on the goroutine running f, through the same value)
@@ -199,7 +202,7 @@ func (o *DistOnce) lead(ctx context.Context, f func(ctx context.Context) error, 
 	// A failed run's error seen now is not this call's: it runs f again
 	// after it. One that appears while it waits is its run's.
 	seen := st.errRaw
-	if err := o.m.LockContext(ctx); err != nil {
+	if done, err := o.wait(ctx, seen, fl); done || err != nil {
 		return err
 	}
 	st, err = o.read(ctx)
@@ -215,6 +218,69 @@ func (o *DistOnce) lead(ctx context.Context, f func(ctx context.Context) error, 
 		return nil
 	}
 	fl.err, fl.retry = o.wrap(st.failed), false
+	return fl.err
+}
+
+// wait takes the once's lock for lead, or ends with the outcome of the run
+// it waited for (done true, with Do's error): the outcome its release told
+// (see runEnded), or, if the wait's queue entry was found gone without it
+// (the message missed), the outcome in Redis, if a run ended since the Do
+// read seen; else it waits again.
+func (o *DistOnce) wait(ctx context.Context, seen string, fl *onceFlight) (done bool, err error) {
+	for {
+		err := o.m.LockContext(ctx)
+		var re *runEnded
+		switch {
+		case err == nil:
+			return false, nil
+		case !errors.As(err, &re):
+			return true, err
+		case re.outcome != "":
+			return true, o.told(re.outcome, fl)
+		}
+		st, err := o.read(ctx)
+		switch {
+		case err != nil:
+			return true, err
+		case st.done != nil:
+			fl.retry = false
+			return true, nil
+		case st.failed != nil && st.errRaw != seen:
+			fl.err, fl.retry = o.wrap(st.failed), false
+			return true, fl.err
+		}
+	}
+}
+
+// runEnded is how the wait of a Do for the once's lock ends when the run
+// it waited for ends: the run's final release removed the waiter's queue
+// entry and told its Client the outcome in the same call (see
+// once_release.lua), so the waiter returns with it, without a call of its
+// own, rather than be handed the lock to read the outcome and pass it on.
+type runEnded struct {
+	// outcome is "d" done, "e" and the failed run's error record, or ""
+	// if the wait found its entry gone without a message: Do then reads
+	// the records.
+	outcome string
+}
+
+func (e *runEnded) Error() string {
+	return "remutex: the once's run ended, and its release told the outcome"
+}
+
+// told is Do's outcome for a waiter told the outcome of its run: the run's
+// release recorded it (see runEnded).
+func (o *DistOnce) told(outcome string, fl *onceFlight) error {
+	if outcome == "d" {
+		o.done.Store(true)
+		fl.retry = false
+		return nil
+	}
+	rec, err := parseOnceRecord(o.m.spec.keys[4], strings.TrimPrefix(outcome, "e"))
+	if err != nil {
+		return o.wrap(err)
+	}
+	fl.err, fl.retry = o.wrap(rec.onceError(o.m.spec.name)), false
 	return fl.err
 }
 
@@ -373,7 +439,15 @@ func (o *DistOnce) read(ctx context.Context) (onceState, error) {
 	}
 }
 
-// call runs once.lua with op ("get" or "del").
+// call runs once.lua with op ("get" or "del"); "get" is two GETs in one
+// round trip instead, and once.lua only if one of them fails with a reply
+// error (a record key of another type: its error names the key). A Do
+// that finds the record is what a once does most, and a script call costs
+// redis-server several times what a GET does. (The two GETs are not one
+// atomic read, and need not be: under the lock no run writes a record; and
+// before it, a Do that reads around the end of a run sees either the run's
+// outcome, or no outcome, as if it came just after, and then waits for the
+// lock and reads again.)
 func (o *DistOnce) call(ctx context.Context, op string) (interface{}, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -381,7 +455,31 @@ func (o *DistOnce) call(ctx context.Context, op string) (interface{}, error) {
 	if o.m.c.isClosed() {
 		return nil, ErrClosed
 	}
-	return o.m.c.be.(*node).eval(ctx, &o.m.spec, onceScript, op)
+	n := o.m.c.be.(*node)
+	if op != "get" {
+		return n.eval(ctx, &o.m.spec, onceScript, op)
+	}
+	keys := o.m.spec.keyArgs
+	done, failed := &call{args: []interface{}{"get", keys[3]}}, &call{args: []interface{}{"get", keys[4]}}
+	if err := n.batch.doPair(ctx, done, failed); err != nil {
+		return nil, err
+	}
+	rec := []interface{}{false, false}
+	for i, cl := range []*call{done, failed} {
+		v, err := cl.cmd.Text()
+		var rerr redis.Error
+		switch {
+		case err == nil:
+			rec[i] = v
+		case errors.Is(err, redis.Nil):
+		case errors.As(err, &rerr):
+			return n.eval(ctx, &o.m.spec, onceScript, op)
+		default:
+			n.reloadAfter(err)
+			return nil, scriptError(err)
+		}
+	}
+	return rec, nil
 }
 
 func (o *DistOnce) parse(v interface{}) (onceState, error) {

@@ -15,9 +15,11 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+	"github.com/remutex/remutex/internal/redistest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -113,7 +115,16 @@ func TestOnce(t *testing.T) {
 		require.NoError(t, o.Do(ctx, f))
 		_, cmds := log.counts()
 		cmds = slices.DeleteFunc(cmds, func(c string) bool { return c == "hello" || c == "client" })
-		assert.Equal(t, []string{"evalsha"}, cmds, "commands of a Do that finds the record (beside the connection's setup)")
+		assert.Equal(t, []string{"get", "get"}, cmds, "commands of a Do that finds the record (beside the connection's setup)")
+		var gets []time.Time
+		for _, c := range log.since(time.Time{}) {
+			if fmt.Sprint(c.args[0]) == "get" {
+				gets = append(gets, c.at)
+			}
+		}
+		if assert.Len(t, gets, 2) {
+			assert.Equal(t, gets[0], gets[1], "the GETs of a Do that finds the record: one pipeline (recorded together)")
+		}
 		assert.Equal(t, int32(1), runs.Load(), "runs of f")
 		k := onceKeysOf(name)
 		ttl := rdb.PTTL(ctx, k.done).Val()
@@ -483,4 +494,303 @@ func TestOnceSameValue(t *testing.T) {
 		require.NoError(t, o.Do(ctx, f))
 		assert.Equal(t, int32(1), ran.Load(), "runs after the failure")
 	})
+}
+
+// acquireSends records when a redis client sent its acquire calls.
+type acquireSends struct {
+	mu sync.Mutex
+	at []time.Time // of those answered
+}
+
+func (s *acquireSends) hook() hookFuncs {
+	record := func(sent time.Time, cmds ...redis.Cmder) {
+		for _, cmd := range cmds {
+			if name, _ := scriptCall(cmd); name == "acquire" {
+				s.mu.Lock()
+				s.at = append(s.at, sent)
+				s.mu.Unlock()
+			}
+		}
+	}
+	return hookFuncs{
+		process: func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
+			sent := time.Now()
+			err := next(ctx, cmd)
+			record(sent, cmd)
+			return err
+		},
+		pipeline: func(ctx context.Context, cmds []redis.Cmder, next redis.ProcessPipelineHook) error {
+			sent := time.Now()
+			err := next(ctx, cmds)
+			record(sent, cmds...)
+			return err
+		},
+	}
+}
+
+// sentAfter reports whether an acquire call sent after t was answered.
+func (s *acquireSends) sentAfter(t time.Time) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.at) > 0 && s.at[len(s.at)-1].After(t)
+}
+
+// awaitHeard waits until the waiters of onces, whose redis clients' acquire
+// calls sends record, hear their lock's messages: each one's Client
+// confirmed the subscription, and then a call of the waiter was answered
+// (it then sleeps until a message, or its entry's next refresh).
+func awaitHeard(t testing.TB, onces []*DistOnce, sends []*acquireSends) {
+	t.Helper()
+	confirmed := make([]time.Time, len(onces))
+	waitFor(t, "the waiters to hear their lock's messages", func() bool {
+		all := true
+		for i, o := range onces {
+			if confirmed[i].IsZero() {
+				s := &o.m.c.be.(*node).subscriber
+				s.mu.Lock()
+				e := s.chans[o.m.spec.channel]
+				if e != nil && e.confirmed {
+					confirmed[i] = time.Now()
+				}
+				s.mu.Unlock()
+			}
+			all = all && !confirmed[i].IsZero() && sends[i].sentAfter(confirmed[i])
+		}
+		return all
+	})
+}
+
+// TestOnceWaitersTold: when a run ends, its waiters on other Clients
+// return with its outcome (nil, or its *OnceError) from the message of the
+// run's final release, and leave no queue entry: none is handed the lock
+// to read the outcome and pass it on to the next, one after the other (a
+// chain of two round trips per waiter). After a failed run the next Do of
+// all its waiters at once runs f exactly once.
+func TestOnceWaitersTold(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *testBackend) {
+		for _, fail := range []bool{false, true} {
+			t.Run(map[bool]string{false: "done", true: "failed"}[fail], func(t *testing.T) {
+				const waiters = 4
+				name := lockName(t)
+				ctx := testCtx(t, 2*hangGuard)
+				rdb := b.rdb(t)
+				started, release := make(chan struct{}), make(chan struct{})
+				runner := doAsync(t, ctx, b.client(t).NewOnce(name), func(context.Context) error {
+					close(started)
+					<-release
+					if fail {
+						return errors.New("boom")
+					}
+					return nil
+				})
+				<-started
+				var ran atomic.Int32
+				f := func(context.Context) error { ran.Add(1); return nil }
+				onces := make([]*DistOnce, waiters)
+				sends := make([]*acquireSends, waiters)
+				res := make([]<-chan error, waiters)
+				var handed, waited, failedWaits atomic.Int32
+				count := WithHook(func(ev Event) {
+					switch {
+					case ev.Kind == EventAcquired && ev.Granted:
+						handed.Add(1) // a waiter the queue handed the lock
+					case ev.Kind == EventWaited && ev.Err != nil:
+						failedWaits.Add(1)
+						fallthrough
+					case ev.Kind == EventWaited:
+						waited.Add(1)
+					}
+				})
+				for i := range onces {
+					wrdb := b.rdb(t)
+					sends[i] = &acquireSends{}
+					wrdb.AddHook(sends[i].hook())
+					onces[i] = clientOn(t, wrdb, count).NewOnce(name)
+					res[i] = doAsync(t, ctx, onces[i], f)
+				}
+				onceWaiters(t, rdb, name, waiters)
+				awaitHeard(t, onces, sends)
+				close(release)
+				rerr := await(t, runner, "the runner's Do")
+				for i, r := range res {
+					err := await(t, r, "a waiter's Do")
+					if fail {
+						var oe *OnceError
+						require.ErrorAs(t, err, &oe, "waiter %d: got %v, want an *OnceError", i, err)
+						assert.Equal(t, "boom", oe.Message, "waiter %d", i)
+					} else {
+						require.NoError(t, err, "waiter %d", i)
+					}
+				}
+				if fail {
+					assert.EqualError(t, rerr, "boom", "the runner's Do")
+				} else {
+					require.NoError(t, rerr, "the runner's Do")
+				}
+				// (A waiter whose refresh crossed the release finds its entry
+				// gone and takes the free lock, not handed over; should two,
+				// the second may be handed it by the first.)
+				assert.LessOrEqual(t, handed.Load(), int32(1), "waiters handed the lock after the run, of %d", waiters)
+				assert.Zero(t, ran.Load(), "runs of f by the run's waiters")
+				assert.Equal(t, int32(waiters), waited.Load(), "EventWaited of the waiters")
+				assert.Zero(t, failedWaits.Load(), "EventWaited with an error: the waiters' Do had its outcome")
+				k := onceKeysOf(name)
+				assert.Zero(t, rdb.Exists(ctx, k.hash, k.queue).Val(), "lock or queue left")
+				if !fail {
+					for i, o := range onces {
+						assert.True(t, o.done.Load(), "waiter %d's value knows the once is done", i)
+					}
+					return
+				}
+				// The failed run's waiters try again, all at once: one runs f.
+				again := make([]<-chan error, waiters)
+				for i, o := range onces {
+					again[i] = doAsync(t, ctx, o, f)
+				}
+				for _, r := range again {
+					require.NoError(t, await(t, r, "a Do after the failed run"))
+				}
+				assert.Equal(t, int32(1), ran.Load(), "runs of f after the failed run")
+				assert.Zero(t, rdb.Exists(ctx, k.hash, k.queue, k.err).Val(), "lock, queue or error record left")
+			})
+		}
+	})
+}
+
+// TestOnceWaiterUntold: a waiter whose Client does not hear the run's
+// release (its user may not SUBSCRIBE: it polls) finds its entry gone at
+// its next call and returns with the outcome in Redis: nil for a done
+// run, the *OnceError of a failed one, without running f; nothing is left
+// in the queue. Only on the real server: miniredis does not enforce ACL
+// command permissions.
+func TestOnceWaiterUntold(t *testing.T) {
+	srv := redistest.Shared(t)
+	b := &testBackend{name: "redis-server", addr: srv.Addr(), srv: srv}
+	ctx := testCtx(t, 2*hangGuard)
+	admin := b.rdb(t)
+	user := noSubscribeUser(t, admin)
+	deaf := clientOn(t, b.rdb(t, func(o *redis.Options) { o.Username, o.Password = user, "pw" }))
+	for _, fail := range []bool{true, false} {
+		name := lockName(t)
+		started, release := make(chan struct{}), make(chan struct{})
+		runner := doAsync(t, ctx, b.client(t).NewOnce(name), func(context.Context) error {
+			close(started)
+			<-release
+			if fail {
+				return errors.New("boom")
+			}
+			return nil
+		})
+		<-started
+		ran := false
+		w := doAsync(t, ctx, deaf.NewOnce(name), func(context.Context) error { ran = true; return nil })
+		heard := doAsync(t, ctx, b.client(t).NewOnce(name), func(context.Context) error { ran = true; return nil })
+		onceWaiters(t, admin, name, 2)
+		close(release)
+		rerr := await(t, runner, "the runner")
+		for _, r := range []<-chan error{w, heard} {
+			err := await(t, r, "a waiter")
+			if fail {
+				var oe *OnceError
+				assert.ErrorAs(t, err, &oe, "a waiter of a failed run: got %v", err)
+			} else {
+				assert.NoError(t, err, "a waiter of a done run")
+			}
+		}
+		assert.Equal(t, fail, rerr != nil, "the runner's error: %v", rerr)
+		assert.False(t, ran, "a waiter ran f")
+		k := onceKeysOf(name)
+		assert.Zero(t, admin.Exists(ctx, k.hash, k.queue).Val(), "lock or queue left (fail %v)", fail)
+	}
+}
+
+// noSubscribeUser creates an ACL user who may not SUBSCRIBE (its Clients
+// poll), removed at cleanup, and returns its name.
+func noSubscribeUser(t *testing.T, admin *redis.Client) string {
+	t.Helper()
+	ctx := context.Background()
+	user := "nosub-" + strings.ReplaceAll(lockName(t), ".", "-")
+	require.NoError(t, admin.Do(ctx, append([]interface{}{"acl", "setuser", user, "on", ">pw", "~*", "&*", "+@all"}, knownRules(t, admin, "-subscribe", "-ssubscribe", "-psubscribe")...)...).Err())
+	t.Cleanup(func() { admin.Do(context.Background(), "acl", "deluser", user) })
+	return user
+}
+
+// TestOnceWaiterUntoldNextRun: a waiter that did not hear its run's end
+// (it polls) and finds its entry gone while the next run holds the lock
+// returns its own run's error from Redis at once: it does not queue again
+// and wait for the next run. Only on the real server (ACL).
+func TestOnceWaiterUntoldNextRun(t *testing.T) {
+	srv := redistest.Shared(t)
+	b := &testBackend{name: "redis-server", addr: srv.Addr(), srv: srv}
+	ctx := testCtx(t, 2*hangGuard)
+	admin := b.rdb(t)
+	user := noSubscribeUser(t, admin)
+	var (
+		mu   sync.Mutex
+		shut chan struct{} // while not nil, the deaf Client's acquire calls wait for it to close
+	)
+	gate := func(cmds ...redis.Cmder) {
+		for _, cmd := range cmds {
+			if name, _ := scriptCall(cmd); name == "acquire" {
+				mu.Lock()
+				ch := shut
+				mu.Unlock()
+				if ch != nil {
+					<-ch
+				}
+				return
+			}
+		}
+	}
+	drdb := b.rdb(t, func(o *redis.Options) { o.Username, o.Password = user, "pw" })
+	drdb.AddHook(hookFuncs{
+		process: func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
+			gate(cmd)
+			return next(ctx, cmd)
+		},
+		pipeline: func(ctx context.Context, cmds []redis.Cmder, next redis.ProcessPipelineHook) error {
+			gate(cmds...)
+			return next(ctx, cmds)
+		},
+	})
+	name := lockName(t)
+	started1, release1 := make(chan struct{}), make(chan struct{})
+	runner1 := doAsync(t, ctx, b.client(t).NewOnce(name), func(context.Context) error {
+		close(started1)
+		<-release1
+		return errors.New("first")
+	})
+	<-started1
+	ran := false
+	w := doAsync(t, ctx, clientOn(t, drdb).NewOnce(name), func(context.Context) error { ran = true; return nil })
+	onceWaiters(t, admin, name, 1)
+	open := make(chan struct{})
+	mu.Lock()
+	shut = open
+	mu.Unlock()
+	close(release1)
+	assert.EqualError(t, await(t, runner1, "the first runner"), "first")
+	started2, release2 := make(chan struct{}), make(chan struct{})
+	end2 := sync.OnceFunc(func() { close(release2) })
+	defer end2() // (before the cleanup that joins runner2, should the test fail)
+	runner2 := doAsync(t, ctx, b.client(t).NewOnce(name), func(context.Context) error {
+		close(started2)
+		<-release2
+		return nil
+	})
+	<-started2
+	mu.Lock()
+	shut = nil
+	mu.Unlock()
+	close(open)
+	err := await(t, w, "the deaf waiter, while the next run goes on")
+	var oe *OnceError
+	if assert.ErrorAs(t, err, &oe, "the deaf waiter: got %v", err) {
+		assert.Equal(t, "first", oe.Message, "the deaf waiter's error: its own run's")
+	}
+	assert.False(t, ran, "the deaf waiter ran f")
+	end2()
+	require.NoError(t, await(t, runner2, "the second runner"))
+	k := onceKeysOf(name)
+	assert.Zero(t, admin.Exists(ctx, k.hash, k.queue).Val(), "lock or queue left")
 }

@@ -429,6 +429,10 @@ func (s *subscriber) deny(err error) {
 //
 //	"w <entry>"           a quorum's: the lock is free, entry may take it
 //	"g <fence> <entry>"   a single server's: the lock was handed to entry
+//	"o <outcome>\n<entry> <entry> ..."
+//	                      a DistOnce's run ended with outcome, and the
+//	                      entries, which waited for it, left the queue
+//	                      (see tellOutcome)
 //
 // A message for an entry without a local waiter is kept a while, for a
 // waiter whose call queued it but has not returned yet (see
@@ -441,6 +445,10 @@ func (c *Client) dispatch(channel, payload string) {
 		return
 	}
 	kind, rest, _ := strings.Cut(payload, " ")
+	if kind == "o" {
+		c.tellOutcome(key, rest)
+		return
+	}
 	var g grant
 	if kind == "g" {
 		f, entry, ok := strings.Cut(rest, " ")
@@ -474,6 +482,38 @@ func (c *Client) dispatch(channel, payload string) {
 	st.keepEarlyLocked(early{key: wait, granted: granted, grant: g, at: time.Now()})
 	if kind == "w" && len(st.waiters) > 0 {
 		st.waiters[0].signal()
+	}
+}
+
+// tellOutcome hands the outcome of a DistOnce's run ("d" or "e<record>",
+// see once_release.lua) to the local waiters of the entries the run's final
+// release named: each of them returns from its Do with it, without a call.
+// The release removed the entries, so a waiter that does not hear it finds
+// its entry gone at its next call, and then the outcome in Redis.
+func (c *Client) tellOutcome(key, msg string) {
+	outcome, entries, ok := strings.Cut(msg, "\n")
+	if !ok || outcome == "" {
+		return
+	}
+	now := time.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	st := c.stateOfLocked(key)
+next:
+	for _, e := range strings.Split(entries, " ") {
+		wait, _, ok := parseGrantEntry(e)
+		if !ok {
+			continue
+		}
+		for _, w := range st.waiters {
+			if w.key == wait {
+				w.told = outcome
+				w.signal()
+				continue next
+			}
+		}
+		// (Its call, which queued it, may not have returned yet.)
+		st.keepEarlyLocked(early{key: wait, told: outcome, at: now})
 	}
 }
 

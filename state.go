@@ -117,6 +117,7 @@ type early struct {
 	key     string // its wait (see waitKey)
 	granted bool
 	grant   grant
+	told    string // a DistOnce run's outcome (see waiter.told)
 	at      time.Time
 }
 
@@ -143,7 +144,7 @@ func (st *lockState) keepEarlyLocked(e early) {
 func (st *lockState) claimEarlyLocked(w *waiter) {
 	for i, e := range st.early {
 		if e.key == w.key {
-			w.granted, w.grant = e.granted, e.grant
+			w.granted, w.grant, w.told = e.granted, e.grant, e.told
 			w.signal()
 			st.early = append(st.early[:i], st.early[i+1:]...)
 			return
@@ -207,6 +208,10 @@ type waiter struct {
 	key     string        // its wait (see waitKey): what its entries' messages name
 	granted bool          // the queue handed it the lock (a grant message)
 	grant   grant         // that grant
+	// told is the outcome of the DistOnce run it waited for, which the
+	// run's final release told it when it removed its entry (an 'o'
+	// message): "" none, "d" done, or "e" and the error record.
+	told string
 }
 
 func (w *waiter) signal() {

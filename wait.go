@@ -278,7 +278,7 @@ func (a *attempt) entryChanged() {
 	k := a.key()
 	c := a.m.c
 	c.mu.Lock()
-	a.w.key, a.w.granted = k, false
+	a.w.key, a.w.granted, a.w.told = k, false, ""
 	if st := c.locks[a.m.spec.hash()]; st != nil {
 		st.claimEarlyLocked(a.w)
 	}
@@ -341,7 +341,14 @@ func (a *attempt) wait(ctx context.Context, r reply, err error) (_ bool, failed 
 	defer a.exit()
 	if c := a.m.c; c.hook != nil {
 		c.emit(a.waitEvent(ctx, EventWaiting, nil))
-		defer func() { c.emit(a.waitEvent(ctx, EventWaited, failed)) }()
+		defer func() {
+			err := failed
+			var ended *runEnded
+			if errors.As(err, &ended) {
+				err = nil // (not a failure: the Do has its outcome; see EventWaited)
+			}
+			c.emit(a.waitEvent(ctx, EventWaited, err))
+		}()
 	}
 	for {
 		switch {
@@ -359,6 +366,12 @@ func (a *attempt) wait(ctx context.Context, r reply, err error) (_ bool, failed 
 			}
 			// Granted too late to be valid, and released again: look again.
 		case err == nil && r.code == replyGone:
+			if out := a.told(); out != "" || a.m.spec.sc == onceScripts {
+				// (A once's entry is gone, most likely, because its run
+				// ended and told the outcome, and the message was missed:
+				// Do reads the records rather than queue again.)
+				return a.ended(ctx, out)
+			}
 			a.renewEntry() // and queue again at once
 		default:
 			a.note(r, err)
@@ -371,6 +384,9 @@ func (a *attempt) wait(ctx context.Context, r reply, err error) (_ bool, failed 
 				if held, err := a.claim(ctx, g); held || err != nil {
 					return held, err
 				}
+			}
+			if out := a.told(); out != "" {
+				return a.ended(ctx, out)
 			}
 		}
 		r, err = a.call(ctx)
@@ -540,6 +556,30 @@ func (a *attempt) claim(ctx context.Context, g grant) (bool, error) {
 		return false, nil
 	}
 	return a.complete(ctx, g.fence, sent, a.m.spec.claim)
+}
+
+// told returns the outcome of the DistOnce run the attempt waited for, if
+// the run's final release told it (see Client.tellOutcome); else "".
+func (a *attempt) told() string {
+	c := a.m.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return a.w.told
+}
+
+// ended ends a wait for a DistOnce's lock whose run ended: the run's final
+// release removed the attempt's entry and told it the outcome, which its
+// Do returns (see runEnded) without a call; or ("" outcome) its entry was
+// found gone without the message, and Do reads the outcome. Should the
+// attempt's latest
+// call have got no answer, that call may still reach Redis and queue it
+// again, or take the lock: a leave follows it, as giveUp's does.
+func (a *attempt) ended(ctx context.Context, outcome string) (bool, error) {
+	if a.again {
+		m := a.m
+		_ = m.c.be.leave(postCtx(ctx, max(m.spec.lease, time.Second)), &m.spec, a.owner, a.entries())
+	}
+	return false, &runEnded{outcome: outcome}
 }
 
 // giveUp ends a wait that will not hold the lock, leaving nothing behind:

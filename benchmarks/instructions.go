@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/remutex/remutex"
 )
 
 // Counting instructions (-instructions): the scenarios run again, each for a
@@ -238,7 +240,34 @@ func (r *results) onCallgrind(perCall bool, f func(*server)) error {
 
 // lockKinds are remutex's primitives whose uncontended cycles are counted
 // beside DistMutex's: one more primitive is one more remutexKind here.
-func lockKinds() []variant { return rwVariants() }
+func lockKinds() []variant { return append(rwVariants(), onceVariant()) }
+
+// onceKind is the name of a DistOnce's Do that finds the done record among
+// remutex's primitives.
+const onceKind = "DistOnce Do (found)"
+
+// onceVariant is a DistOnce's Do that finds the done record, as a cycle: a
+// Do of a new value each time (a value that saw the record returns with no
+// command), on a once done before the cycles begin.
+func onceVariant() variant {
+	return remutexKind(onceKind, func(c *remutex.Client, n string) mutex {
+		_ = c.NewOnce(n).Do(context.Background(), noRun) // (an error shows in the cycles)
+		return onceFound{c: c, name: n}
+	})
+}
+
+func noRun(context.Context) error { return nil }
+
+// onceFound is onceVariant's mutex: lock is the Do, unlock nothing.
+type onceFound struct {
+	c    *remutex.Client
+	name string
+}
+
+func (o onceFound) lock(ctx context.Context) error            { return o.c.NewOnce(o.name).Do(ctx, noRun) }
+func (o onceFound) unlock(context.Context) error              { return nil }
+func (o onceFound) tryLock(ctx context.Context) (bool, error) { return true, o.lock(ctx) }
+func (o onceFound) lost() bool                                { return false }
 
 func (r *results) countCycles(v variant, srv *server, windows int) *instrFigure {
 	return r.countWindows(v, "uncontended", instrCycles, windows, func() (int, spent, float64, error) {

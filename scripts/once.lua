@@ -1,5 +1,6 @@
 -- once: read ('get') or delete ('del', an operator's reset) the records of
--- a DistOnce.
+-- a DistOnce. (A Do reads them with two GETs: 'get' only when one of those
+-- failed, for an error that names a record key of another type.)
 --
 -- KEYS = hash, fence counter, queue (its lock's: see acquire.lua), done
 -- record (a string, kept without expiry), error record (a string, kept
