@@ -232,8 +232,15 @@ var transientPrefixes = []string{
 // context first), and the Redis replies above. Everything else (WRONGTYPE,
 // NOPERM, OOM, script errors, a server that is not Redis, ErrClosed, a
 // cancelled context) is permanent.
+// final marks an error that would be transient as one not to retry the
+// call for (see node.ackedCall); it reads as the error it wraps.
+type final struct{ error }
+
+func (f final) Unwrap() error { return f.error }
+
 func transient(err error) bool {
-	if err == nil || errors.Is(err, ErrClosed) || errors.Is(err, context.Canceled) {
+	var f final
+	if err == nil || errors.Is(err, ErrClosed) || errors.Is(err, context.Canceled) || errors.As(err, &f) {
 		return false
 	}
 	if errors.Is(err, context.DeadlineExceeded) {

@@ -290,6 +290,39 @@ func (n *node) ackedRound(ctx context.Context, s *lockSpec, owner interface{}, a
 	return r, nil
 }
 
+// ackedCall runs cl followed by WAIT on the same connection (one round
+// trip), as a job of the batcher, like ackedAcquire: a DistOnce's final
+// release, whose record its Do reports only once the replicas have it (a
+// failover could otherwise lose it, and f run again). Fewer acknowledgements
+// than required are ErrTooFewReplicas; the call took effect on the master.
+//
+// The shortfall is final, not retried: a resend would find the record
+// written and nothing of the hold, which a resent release counts as done.
+func (n *node) ackedCall(ctx context.Context, s *lockSpec, cl *call) (interface{}, error) {
+	var v interface{}
+	var err error
+	jerr := n.batch.job(ctx, func(ctx context.Context) {
+		t, terr := n.masterFor(ctx, s.hash())
+		if terr != nil {
+			err = terr
+			return
+		}
+		acks := n.send(ctx, t, []*call{cl}, true, true)
+		if v, err = cl.cmd.Result(); err != nil {
+			n.reloadAfter(err)
+			err = scriptError(err)
+			return
+		}
+		if aerr := n.ackErr(acks); aerr != nil {
+			err = final{aerr}
+		}
+	})
+	if jerr != nil {
+		return nil, jerr
+	}
+	return v, err
+}
+
 // ackErr says why a WAIT reply falls short of WithReplicaAck, or nil.
 func (n *node) ackErr(acks *redis.IntCmd) error {
 	got, err := acks.Result()
@@ -317,7 +350,14 @@ func (n *node) release(ctx context.Context, s *lockSpec, owner interface{}, want
 		// for WithMinHold: release.lua alone.)
 		return n.quickRelease(ctx, s, owner)
 	}
-	v, err := n.evalCall(ctx, &call{s: s.sc.release, keys: s.keyArgs, args: []interface{}{owner, want, lease, n.pub(ctx)}, once: true})
+	cl := &call{s: s.sc.release, keys: s.keyArgs, args: []interface{}{owner, want, lease, n.pub(ctx)}, once: true}
+	var v interface{}
+	var err error
+	if s.sc == onceScripts && n.acked() && !isPosted(ctx) {
+		v, err = n.ackedCall(ctx, s, cl)
+	} else {
+		v, err = n.evalCall(ctx, cl)
+	}
 	if err != nil {
 		return 0, err
 	}

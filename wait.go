@@ -366,7 +366,7 @@ func (a *attempt) wait(ctx context.Context, r reply, err error) (_ bool, failed 
 			}
 			// Granted too late to be valid, and released again: look again.
 		case err == nil && r.code == replyGone:
-			if out := a.told(); out != "" || a.m.spec.sc == onceScripts {
+			if out := a.told(); out != "" || (a.m.spec.sc == onceScripts && !a.m.c.be.acked()) {
 				// (A once's entry is gone, most likely, because its run
 				// ended and told the outcome, and the message was missed:
 				// Do reads the records rather than queue again.)
@@ -559,9 +559,16 @@ func (a *attempt) claim(ctx context.Context, g grant) (bool, error) {
 }
 
 // told returns the outcome of the DistOnce run the attempt waited for, if
-// the run's final release told it (see Client.tellOutcome); else "".
+// the run's final release told it (see Client.tellOutcome); else "". Where
+// writes must be acknowledged by replicas (WithReplicaAck) it is always "":
+// the message leaves before any replica has the record, and a failover
+// could then lose it, so the waiter finds the outcome the way it did before
+// the message, through the lock, by calls the replicas acknowledge.
 func (a *attempt) told() string {
 	c := a.m.c
+	if c.be.acked() {
+		return ""
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return a.w.told
