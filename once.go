@@ -252,22 +252,6 @@ func (o *DistOnce) wait(ctx context.Context, seen string, fl *onceFlight) (done 
 	}
 }
 
-// runEnded is how the wait of a Do for the once's lock ends when the run
-// it waited for ends: the run's final release removed the waiter's queue
-// entry and told its Client the outcome in the same call (see
-// once_release.lua), so the waiter returns with it, without a call of its
-// own, rather than be handed the lock to read the outcome and pass it on.
-type runEnded struct {
-	// outcome is "d" done, "e" and the failed run's error record, or ""
-	// if the wait found its entry gone without a message: Do then reads
-	// the records.
-	outcome string
-}
-
-func (e *runEnded) Error() string {
-	return "remutex: the once's run ended, and its release told the outcome"
-}
-
 // told is Do's outcome for a waiter told the outcome of its run: the run's
 // release recorded it (see runEnded).
 func (o *DistOnce) told(outcome string, fl *onceFlight) error {

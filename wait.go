@@ -558,37 +558,6 @@ func (a *attempt) claim(ctx context.Context, g grant) (bool, error) {
 	return a.complete(ctx, g.fence, sent, a.m.spec.claim)
 }
 
-// told returns the outcome of the DistOnce run the attempt waited for, if
-// the run's final release told it (see Client.tellOutcome); else "". Where
-// writes must be acknowledged by replicas (WithReplicaAck) it is always "":
-// the message leaves before any replica has the record, and a failover
-// could then lose it, so the waiter finds the outcome the way it did before
-// the message, through the lock, by calls the replicas acknowledge.
-func (a *attempt) told() string {
-	c := a.m.c
-	if c.be.acked() {
-		return ""
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return a.w.told
-}
-
-// ended ends a wait for a DistOnce's lock whose run ended: the run's final
-// release removed the attempt's entry and told it the outcome, which its
-// Do returns (see runEnded) without a call; or ("" outcome) its entry was
-// found gone without the message, and Do reads the outcome. Should the
-// attempt's latest
-// call have got no answer, that call may still reach Redis and queue it
-// again, or take the lock: a leave follows it, as giveUp's does.
-func (a *attempt) ended(ctx context.Context, outcome string) (bool, error) {
-	if a.again {
-		m := a.m
-		_ = m.c.be.leave(postCtx(ctx, max(m.spec.lease, time.Second)), &m.spec, a.owner, a.entries())
-	}
-	return false, &runEnded{outcome: outcome}
-}
-
 // giveUp ends a wait that will not hold the lock, leaving nothing behind:
 // the queue entry is removed in Redis, together with a grant it may have
 // received meanwhile, by a leave call posted behind the attempt's last call
