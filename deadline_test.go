@@ -1,9 +1,11 @@
 package remutex
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"syscall"
 	"testing"
@@ -389,11 +391,22 @@ func (f *releaseCuts) hook() redis.Hook {
 // spends go-redis's dial retries), whatever the go-redis options.
 func TestCloseBounded(t *testing.T) {
 	eachRefusing(t, func(t *testing.T, rdb *redis.Client) {
-		c := clientOn(t, rdb)
+		// The Lock's goroutine is parked for good once the Client is closed
+		// (blockClosed), after a warning: the test awaits the warning, so
+		// that nothing of it touches t after the test.
+		parked := make(chan struct{})
+		var once sync.Once
+		logger := slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
+			if bytes.Contains(p, []byte("blocks for good")) {
+				once.Do(func() { close(parked) })
+			}
+			return len(p), nil
+		}), nil))
+		c := clientOn(t, rdb, WithLogger(logger))
 		name := lockName(t)
 		go func() {
-			c.NewMutex(name).Lock() // blocks for good once the Client is closed
-			t.Errorf("Lock on a closed Client returned")
+			c.NewMutex(name).Lock()
+			panic("Lock on a closed Client returned")
 		}()
 		ctxDone := make(chan error, 1)
 		go func() { ctxDone <- c.NewMutex(name + "-ctx").LockContext(context.Background()) }()
@@ -406,8 +419,14 @@ func TestCloseBounded(t *testing.T) {
 		if err := await(t, ctxDone, "LockContext after Close"); !errors.Is(err, ErrClosed) {
 			t.Errorf("LockContext at Close: got %v, want ErrClosed", err)
 		}
+		await(t, parked, "the Lock on the closed Client to park")
 	})
 }
+
+// writerFunc is an io.Writer of a function.
+type writerFunc func(p []byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
 
 // TestTryLockRefusedPromptly: against an address that refuses connections,
 // TryLock and TryLockContext (without a deadline) answer within half a
