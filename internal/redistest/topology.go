@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strconv"
@@ -115,6 +116,8 @@ type Node struct {
 	RDB    *redis.Client // an administrative connection
 	ID     string        // CLUSTER MYID
 	Master *Node         // for a replica, its master
+
+	savedConf []byte // its nodes.conf as KillMaster saved it, for Rejoin
 }
 
 func (n *Node) String() string { return n.Addr() }
@@ -486,6 +489,12 @@ func (n *Node) serves(ctx context.Context, slot int, master *Node) bool {
 func (c *Cluster) KillMaster(t testing.TB, master *Node) *Node {
 	t.Helper()
 	r := c.ReplicaOf(t, master)
+	// A copy of its cluster configuration, saved whole: a kill that comes
+	// while the server rewrites nodes.conf may leave it cut short, which
+	// a restart refuses ("corrupted cluster config file"; seen on Valkey).
+	if err := master.RDB.Do(adminCtx(t), "cluster", "saveconfig").Err(); err == nil {
+		master.savedConf, _ = os.ReadFile(filepath.Join(master.dir, "nodes.conf"))
+	}
 	master.Stop()
 	return r
 }
@@ -529,7 +538,17 @@ func (c *Cluster) AwaitPromotion(t testing.TB, slot int, replica *Node) {
 // until master has it in sync and acknowledging.
 func (c *Cluster) Rejoin(t testing.TB, node, master *Node) {
 	t.Helper()
-	node.Restart(t)
+	if err := node.start(); err != nil && node.savedConf != nil {
+		// Its nodes.conf was cut short by the kill: start from the copy
+		// saved before it (the cluster tells it what changed since).
+		t.Logf("restarting %v: %v; again with its configuration as saved before the kill", node, err)
+		if werr := os.WriteFile(filepath.Join(node.dir, "nodes.conf"), node.savedConf, 0o600); werr != nil {
+			t.Fatal(werr)
+		}
+		node.Restart(t)
+	} else if err != nil {
+		node.Restart(t)
+	}
 	awaitInSync(t, master.Server, []*Server{node.Server})
 	node.Master = master
 	c.Replicas = append(c.Replicas, node)
