@@ -81,9 +81,11 @@ type foDeployment interface {
 	awaitPromotion(t *testing.T) time.Time
 	// settle ends the fault (a paused primary resumes, and is made a
 	// replica; a killed cluster master restarts, as a replica): from the
-	// time it returns, everything is on the new primary, which has a
-	// replica.
-	settle(t *testing.T) time.Time
+	// time it returns (settled), everything is on the new primary, which
+	// has a replica. promoted is when that primary's promotion was seen:
+	// later than awaitPromotion's where the first one promoted stalled on
+	// a loaded machine and was failed over in turn.
+	settle(t *testing.T) (settled, promoted time.Time)
 	// primary returns an administrative client of the new primary.
 	primary(t *testing.T) *redis.Client
 	// observe subscribes to channel on the new primary.
@@ -93,6 +95,7 @@ type foDeployment interface {
 // foResult is what one failover run measured.
 type foResult struct {
 	fault, promoted, settled time.Time
+	lastPromoted             time.Time // the promotion of the primary the deployment settled on
 	firstLock                time.Time // the first LockContext to return the lock once a promotion was possible
 }
 
@@ -113,8 +116,8 @@ func runFailover(t *testing.T, d foDeployment, ack bool) {
 	// Before the fault ends (a paused primary still paused, a dead master
 	// not back yet), the waiter listens on the new primary.
 	l.awaitListening(t, holds[0], "on the new primary")
-	r.settled = d.settle(t)
-	kept := l.checkHolds(t, holds, r.promoted, d.primary(t))
+	r.settled, r.lastPromoted = d.settle(t)
+	kept := l.checkHolds(t, holds, r.lastPromoted, d.primary(t))
 	l.lockFresh(t)
 	l.checkPush(t, d, probe, holds[0])
 	l.awaitSections(t, r.settled, foAfter)
@@ -658,13 +661,12 @@ func (d *sentinelFailover) awaitPromotion(t *testing.T) (at time.Time) {
 	return at
 }
 
-func (d *sentinelFailover) settle(t *testing.T) time.Time {
-	if !d.pause {
-		return time.Now()
+func (d *sentinelFailover) settle(t *testing.T) (settled, promoted time.Time) {
+	if d.pause {
+		d.old.Signal(t, syscall.SIGCONT)
 	}
-	d.old.Signal(t, syscall.SIGCONT)
-	d.s.AwaitConverted(t, d.old, d.promoted)
-	return time.Now()
+	d.promoted, promoted = d.s.AwaitSettled(t)
+	return time.Now(), promoted
 }
 
 func (d *sentinelFailover) primary(t *testing.T) *redis.Client { return rdbAt(t, d.promoted.Addr()) }
@@ -728,6 +730,7 @@ type clusterFailover struct {
 	tc              *redistest.Cluster
 	master, replica *redistest.Node
 	slot            int
+	promotedAt      time.Time
 }
 
 func (d *clusterFailover) rdb(t *testing.T) redis.UniversalClient {
@@ -752,14 +755,15 @@ func (d *clusterFailover) quiet() time.Duration { return clusterNodeTimeout }
 
 func (d *clusterFailover) awaitPromotion(t *testing.T) time.Time {
 	d.tc.AwaitPromotion(t, d.slot, d.replica)
-	return time.Now()
+	d.promotedAt = time.Now()
+	return d.promotedAt
 }
 
 // settle restarts the dead master: it rejoins as a replica of the promoted
 // one, which until then has no replica to acknowledge anything.
-func (d *clusterFailover) settle(t *testing.T) time.Time {
+func (d *clusterFailover) settle(t *testing.T) (settled, promoted time.Time) {
 	d.tc.Rejoin(t, d.master, d.replica)
-	return time.Now()
+	return time.Now(), d.promotedAt
 }
 
 func (d *clusterFailover) primary(t *testing.T) *redis.Client { return d.replica.RDB }

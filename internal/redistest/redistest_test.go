@@ -310,8 +310,9 @@ func TestReplicaPair(t *testing.T) {
 // TestSentinel pauses the primary past the sentinels' patience: they
 // promote a replica and announce it, a failover client reaches the new
 // primary (with the data), and the old primary, resumed, is made a replica
-// of the new one.
+// of the new one (or of a later one, should the new one stall in turn).
 func TestSentinel(t *testing.T) {
+	t.Parallel()
 	s := StartSentinel(t)
 	rdb := s.Client(t, redis.FailoverOptions{})
 	if err := rdb.Set(ctx(t), "k", "1", 0).Err(); err != nil {
@@ -336,9 +337,43 @@ func TestSentinel(t *testing.T) {
 		t.Errorf("GET k through the failover client after the switch: got (%q, %v), want (\"1\", nil)", got, err)
 	}
 	old.Signal(t, syscall.SIGCONT)
-	s.AwaitConverted(t, old, promoted)
+	if now, _ := s.AwaitSettled(t); now == old {
+		t.Fatalf("the resumed primary %v is the primary again", old.Addr())
+	}
 	if got, err := rdb.Get(ctx(t), "k").Result(); err != nil || got != "1" {
 		t.Errorf("GET k through the failover client after the old primary returned: got (%q, %v), want (\"1\", nil)", got, err)
+	}
+}
+
+// TestSentinelSecondFailover pauses the primary, and then the replica
+// promoted in its place, as a loaded machine can stall it: the sentinels
+// promote the last replica, and once both paused servers resume,
+// AwaitSettled names it, with both replicating it.
+func TestSentinelSecondFailover(t *testing.T) {
+	t.Parallel()
+	s := StartSentinel(t)
+	first := s.Primary(t)
+	first.Signal(t, syscall.SIGSTOP)
+	second, _ := s.AwaitSwitch(t, first)
+	second.Signal(t, syscall.SIGSTOP)
+	third, switched := s.AwaitSwitch(t, second)
+	if third == first || third == second {
+		t.Fatalf("second +switch-master named a paused server %v", third.Addr())
+	}
+	first.Signal(t, syscall.SIGCONT)
+	second.Signal(t, syscall.SIGCONT)
+	got, at := s.AwaitSettled(t)
+	if got != third {
+		t.Fatalf("AwaitSettled: got primary %v, want %v, promoted last", got.Addr(), third.Addr())
+	}
+	if at.Before(switched) {
+		t.Errorf("AwaitSettled: last switch read at %v, before the one AwaitSwitch read (%v)", at, switched)
+	}
+	for _, srv := range []*Server{first, second} {
+		info, err := newRDB(t, srv.Addr()).Info(ctx(t), "replication").Result()
+		if err != nil || !strings.Contains(info, fmt.Sprintf("master_port:%d\r", third.Port())) {
+			t.Errorf("%v after AwaitSettled: INFO replication got (%q, %v), want a replica of %v", srv.Addr(), info, err, third.Addr())
+		}
 	}
 }
 
@@ -346,6 +381,7 @@ func TestSentinel(t *testing.T) {
 // returned, no sentinel lists its address among the replicas it watches, so
 // that none will make a replica of whatever server takes the port next.
 func TestSentinelForgetsKilledPrimary(t *testing.T) {
+	t.Parallel()
 	s := StartSentinel(t)
 	old := s.Primary(t)
 	old.Stop()

@@ -21,7 +21,7 @@ import (
 const (
 	// SentinelMaster is the name under which the sentinels watch the primary.
 	SentinelMaster          = "remutex"
-	DownAfter               = 500 * time.Millisecond
+	DownAfter               = time.Second
 	sentinelQuorum          = 2
 	sentinelFailoverTimeout = 2 * time.Second
 )
@@ -189,21 +189,49 @@ func (s *Sentinel) forget(t testing.TB, old *Server) {
 	}
 }
 
-// AwaitConverted waits until the sentinels told srv, a primary that came
-// back after a failover, to replicate primary (+convert-to-slave; sentinels
-// wait some 8s before they do), and until srv says it does. It returns when
-// the sentinel's announcement was read.
-func (s *Sentinel) AwaitConverted(t testing.TB, srv, primary *Server) time.Time {
+// AwaitSettled waits until the three sentinels name one primary and every
+// running data server besides it replicates it, and returns that primary
+// and when the harness read the last +switch-master to it (zero if there
+// was none). A primary that came back after a failover is made a replica
+// some 8s later (+convert-to-slave), or at once by a second failover's
+// reconfiguration: on a loaded machine a newly promoted primary that
+// stalls for DownAfter is failed over in turn, and the deployment settles
+// on the last one.
+func (s *Sentinel) AwaitSettled(t testing.TB) (*Server, time.Time) {
 	t.Helper()
-	e := s.Await(t, "+convert-to-slave", fmt.Sprintf(" 127.0.0.1 %d @ ", srv.Port()))
-	rdb := newRDB(t, srv.Addr())
 	ctx := adminCtx(t)
-	WaitFor(t, hangGuard, srv.Addr()+" replicating "+primary.Addr(), func() bool {
-		info, err := rdb.Info(ctx, "replication").Result()
-		return err == nil && strings.Contains(info, "role:slave") &&
-			strings.Contains(info, fmt.Sprintf("master_port:%d\r", primary.Port()))
+	var scs []*redis.SentinelClient
+	for _, sn := range s.Sentinels {
+		sc := redis.NewSentinelClient(&redis.Options{Addr: sn.Addr()})
+		t.Cleanup(func() { _ = sc.Close() })
+		scs = append(scs, sc)
+	}
+	rdbs := map[*Server]*redis.Client{}
+	for _, srv := range s.Servers {
+		rdbs[srv] = newRDB(t, srv.Addr())
+	}
+	var port string
+	WaitFor(t, hangGuard, "the sentinels to agree on a primary that every other server replicates", func() bool {
+		port = ""
+		for _, sc := range scs {
+			addr, err := sc.GetMasterAddrByName(ctx, SentinelMaster).Result()
+			if err != nil || len(addr) != 2 || (port != "" && addr[1] != port) {
+				return false
+			}
+			port = addr[1]
+		}
+		for _, srv := range s.Servers {
+			if !srv.running() || strconv.Itoa(srv.Port()) == port {
+				continue
+			}
+			info, err := rdbs[srv].Info(ctx, "replication").Result()
+			if err != nil || !strings.Contains(info, "role:slave") || !strings.Contains(info, "master_port:"+port+"\r") {
+				return false
+			}
+		}
+		return true
 	})
-	return e.At
+	return s.server(t, port), s.events.lastSwitchTo(port)
 }
 
 // SentinelEvent is one message a sentinel published: the channel is the
@@ -238,7 +266,9 @@ type sentinelEvents struct {
 	mu     sync.Mutex
 	events []SentinelEvent
 	all    []string // every event, for failure messages
-	kick   chan struct{}
+	// switches are the +switch-master events, none taken.
+	switches []SentinelEvent
+	kick     chan struct{}
 }
 
 // watch subscribes to every channel of sentinel sn and collects its events
@@ -267,11 +297,27 @@ func (ev *sentinelEvents) add(e SentinelEvent) {
 	ev.mu.Lock()
 	ev.events = append(ev.events, e)
 	ev.all = append(ev.all, e.At.Format("15:04:05.000")+" "+e.Channel+" "+e.Payload)
+	if e.Channel == "+switch-master" {
+		ev.switches = append(ev.switches, e)
+	}
 	ev.mu.Unlock()
 	select {
 	case ev.kick <- struct{}{}:
 	default:
 	}
+}
+
+// lastSwitchTo returns when the last +switch-master to the server on port
+// was read (zero if none was).
+func (ev *sentinelEvents) lastSwitchTo(port string) (at time.Time) {
+	ev.mu.Lock()
+	defer ev.mu.Unlock()
+	for _, e := range ev.switches {
+		if strings.HasSuffix(e.Payload, " "+port) {
+			at = e.At
+		}
+	}
+	return at
 }
 
 func (ev *sentinelEvents) take(channel, part string) (SentinelEvent, bool) {
