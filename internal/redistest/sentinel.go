@@ -190,13 +190,14 @@ func (s *Sentinel) forget(t testing.TB, old *Server) {
 }
 
 // AwaitSettled waits until the three sentinels name one primary and every
-// running data server besides it replicates it, and returns that primary
-// and when the harness read the last +switch-master to it (zero if there
-// was none). A primary that came back after a failover is made a replica
-// some 8s later (+convert-to-slave), or at once by a second failover's
-// reconfiguration: on a loaded machine a newly promoted primary that
-// stalls for DownAfter is failed over in turn, and the deployment settles
-// on the last one.
+// running data server besides it replicates it, and the harness read the
+// announcement of its promotion; it returns that primary and when the
+// harness read the last +switch-master to it (zero if none: the first
+// primary, never failed over). A primary that came back after a failover
+// is made a replica some 8s later (+convert-to-slave), or at once by a
+// second failover's reconfiguration: on a loaded machine a newly promoted
+// primary that stalls for DownAfter is failed over in turn, and the
+// deployment settles on the last one.
 func (s *Sentinel) AwaitSettled(t testing.TB) (*Server, time.Time) {
 	t.Helper()
 	ctx := adminCtx(t)
@@ -219,6 +220,9 @@ func (s *Sentinel) AwaitSettled(t testing.TB) (*Server, time.Time) {
 				return false
 			}
 			port = addr[1]
+		}
+		if port != strconv.Itoa(s.Servers[0].Port()) && s.events.lastSwitchTo(port).IsZero() {
+			return false // the announcement of its promotion not read yet
 		}
 		for _, srv := range s.Servers {
 			if !srv.running() || strconv.Itoa(srv.Port()) == port {
