@@ -35,13 +35,11 @@ func queueWaiter(t *testing.T, b *testBackend) *queuedWaiter {
 	q.holder.Lock()
 	q.wm = q.wc.NewMutex(name)
 	q.w = goLock(t, q.wm)
-	waitFor(t, "the waiter in the queue", func() bool {
-		e := q.rdb.LRange(q.ctx, q.k.queue, 0, -1).Val()
-		if len(e) == 1 {
-			q.entry = e[0]
-		}
-		return len(e) == 1
-	})
+	awaitInQueue(t, q.rdb, q.k.queue, 1) // and listening, to be handed the lock
+	e, err := q.rdb.LRange(q.ctx, q.k.queue, 0, -1).Result()
+	require.NoError(t, err)
+	require.Len(t, e, 1, "queue entries")
+	q.entry = e[0]
 	return q
 }
 

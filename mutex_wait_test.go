@@ -183,6 +183,7 @@ func TestQueueGrantsInOrder(t *testing.T) {
 				assert.True(t, pttl > 0 && pttl <= maxQueueTTL, "queue PTTL %v, want (0, %v]", pttl, maxQueueTTL)
 				require.NoError(t, rdb.PExpire(ctx, k.queue, maxQueueTTL*2/3).Err())
 				waitFor(t, "the queue's TTL to be raised again", func() bool { return rdb.PTTL(ctx, k.queue).Val() > maxQueueTTL*2/3 })
+				awaitInQueue(t, rdb, k.queue, n) // and listening: a head not listening is dropped
 
 				holder.Unlock()
 				for want := 0; want < n; want++ {
@@ -216,7 +217,9 @@ func TestTryLockDoesNotBarge(t *testing.T) {
 		holderLost := holder.Lost()
 		wc := b.client(t)
 		w := goLock(t, wc.NewMutex(name))
-		waitFor(t, "the waiter in the queue", func() bool { return rdb.LLen(ctx, k.queue).Val() == 1 })
+		// Queued and listening: a head whose Client does not listen is
+		// dropped (its process looks gone), and the lock is free to take.
+		awaitInQueue(t, rdb, k.queue, 1)
 
 		// The holder's key vanishes without a release message: the lock is free
 		// but a waiter is queued, and it is owed the lock.
