@@ -421,11 +421,14 @@ const checkSubscribeBound = 10 * time.Second
 func (n *node) checkPermissions(ctx context.Context, c *Client, sharded bool) (broken, degraded []error) {
 	base := c.prefix + "{remutex-check." + c.id + "}"
 	channel := base + releasedInfix + c.id
-	pub := "publish"
-	if sharded {
-		pub = "spublish"
+	pub, count := "publish", "numsub"
+	switch {
+	case sharded:
+		pub, count = "spublish", "shardnumsub"
+	case n.cluster:
+		count = "" // every node relays: the hand-off does not count (queue.lua)
 	}
-	cl := &call{s: checkScript, keys: []interface{}{base, base + ":z", base + ":s", base + ":l"}, args: []interface{}{pub, channel}}
+	cl := &call{s: checkScript, keys: []interface{}{base, base + ":z", base + ":s", base + ":l"}, args: []interface{}{pub, channel, count}}
 	n.send(ctx, n.rdb, []*call{cl}, false, false)
 	v, err := cl.cmd.Result()
 	switch {
@@ -452,6 +455,9 @@ func (n *node) checkPermissions(ctx context.Context, c *Client, sharded bool) (b
 	}
 	if len(reply) > 1 && reply[1] != nil {
 		degraded = append(degraded, fmt.Errorf("remutex: degraded: the lock scripts may not %s to %s (waiters poll instead of hearing releases; the ACL needs &%s*): %v", strings.ToUpper(pub), channel, c.prefix, reply[1]))
+	}
+	if len(reply) > 2 && reply[2] != nil {
+		degraded = append(degraded, fmt.Errorf("remutex: degraded: the lock scripts may not run PUBSUB %s (a waiter whose process is gone is handed the lock, and blocks it for a claim lease; the ACL needs +pubsub|%s): %v", strings.ToUpper(count), count, reply[2]))
 	}
 	if err := n.checkSubscribe(ctx, channel, sharded); err != nil {
 		degraded = append(degraded, fmt.Errorf("remutex: degraded: the user may not SUBSCRIBE to %s (waiters poll instead of hearing releases; the ACL needs &%s*): %w", channel, c.prefix, err))

@@ -244,6 +244,13 @@ func TestCheckDegraded(t *testing.T) {
 				t.Errorf("%s: UnlockContext of a degraded user: %v", tc.name, err)
 			}
 		}
+		// Without PUBSUB, a release cannot ask whether a queued waiter's
+		// Client listens (queue.lua): it hands the lock on to gone ones too.
+		noCount := clientOn(t, lockUserOn(t, srv, append(append([]string{}, lockUserACL...), "-pubsub")...))
+		if err := noCount.Check(ctx); !errors.Is(err, ErrDegraded) || !strings.Contains(err.Error(), "PUBSUB NUMSUB") {
+			t.Errorf("no PUBSUB: got %v, want ErrDegraded naming PUBSUB NUMSUB", err)
+		}
+		handOffWorks(t, noCount)
 		rules := aclWith("+time")
 		rules = aclWith2(rules, "&remutex:*")
 		err := clientOn(t, lockUserOn(t, srv, rules...)).Check(ctx)
@@ -251,6 +258,32 @@ func TestCheckDegraded(t *testing.T) {
 			t.Errorf("no channels and no TIME: got %v, want an error naming both that does not match ErrDegraded", err)
 		}
 	})
+}
+
+// handOffWorks checks that a waiter of c is handed the lock its holder
+// releases.
+func handOffWorks(t *testing.T, c *Client) {
+	t.Helper()
+	ctx := testCtx(t, hangGuard)
+	name := lockName(t)
+	holder := c.NewMutex(name)
+	if err := holder.LockContext(ctx); err != nil {
+		t.Fatalf("LockContext: %v", err)
+	}
+	w := lockAsync(t, c.NewMutex(name), nil, "the waiter")
+	waitFor(t, "the waiter queued", func() bool {
+		return c.be.(*node).rdb.Exists(ctx, keysOf(name).queue).Val() == 1
+	})
+	if err := holder.UnlockContext(ctx); err != nil {
+		t.Fatalf("UnlockContext: %v", err)
+	}
+	if r := await(t, w.locked, "the waiter's LockContext"); r.err != nil {
+		t.Fatalf("the waiter's LockContext: %v", r.err)
+	}
+	w.unlock()
+	if err := await(t, w.unlocked, "the waiter's UnlockContext"); err != nil {
+		t.Errorf("the waiter's UnlockContext: %v", err)
+	}
 }
 
 // aclWith2 is aclWith on rules other than lockUserACL: without removed.

@@ -67,8 +67,11 @@
 // waiter holds the lock from the message alone. So the queue is first in,
 // first out across every process, no waiter is starved, and a hand-off
 // costs Redis one script call and one message. A head whose Client no
-// longer listens (PUBLISH reaches nobody: its process died) is dropped by
-// that same call, and the next one served. On a quorum the release only
+// longer listens (PUBSUB NUMSUB counts nobody: its process died) is dropped
+// by that same call, and the next one served; a grant, once published, is
+// never given back (the message may reach a listener the count does not
+// see: on a replica, or on another node of a Redis 6.2 Cluster, where every
+// head counts as listening). On a quorum the release only
 // wakes the head, which takes the lock with its next call on a majority.
 //
 // # Protocol

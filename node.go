@@ -25,7 +25,7 @@ type node struct {
 	log       *slog.Logger
 	cluster   bool // rdb is a *redis.ClusterClient
 	ack       replicaAck
-	pubs      [2]string   // the slow paths' publish commands, classic and sharded (queue.lua): in capitals in a quorum
+	pubs      [3]string   // the slow paths' publish commands, classic, sharded and relayed (queue.lua): in capitals in a quorum
 	shardOnce sync.Once   // decides shardPub with the first lock operation
 	decided   atomic.Bool // shardPub is decided
 	shardPub  atomic.Bool // release messages use sharded pub/sub
@@ -37,9 +37,11 @@ type node struct {
 // newNode returns a node of c on rdb; handoff says whether its queue hands
 // the lock to waiters (a quorum's servers only wake them).
 func newNode(c *Client, rdb redis.UniversalClient, handoff bool) *node {
-	n := &node{rdb: rdb, log: c.log, ack: c.ack, pubs: [2]string{"PUBLISH", "SPUBLISH"}}
+	n := &node{rdb: rdb, log: c.log, ack: c.ack, pubs: [3]string{"PUBLISH", "SPUBLISH", "PUBLISH"}}
 	if handoff {
-		n.pubs = [2]string{"publish", "spublish"} // lower case: the queue hands the lock on
+		// Lower case: the queue hands the lock on. "pUBLISH": on a cluster
+		// that relays classic messages, which a Client may hear on any node.
+		n.pubs = [3]string{"publish", "spublish", "pUBLISH"}
 	}
 	_, n.cluster = rdb.(*redis.ClusterClient)
 	n.subscriber.c, n.subscriber.n = c, n
@@ -219,10 +221,13 @@ func (n *node) evalCall(ctx context.Context, cl *call) (interface{}, error) {
 // path (see queue.lua): the publish command, in capitals where the queue
 // only wakes waiters (a quorum).
 func (n *node) pub(ctx context.Context) interface{} {
-	if n.cluster && n.sharded(ctx) {
+	switch {
+	case !n.cluster:
+		return n.pubs[0]
+	case n.sharded(ctx):
 		return n.pubs[1]
 	}
-	return n.pubs[0]
+	return n.pubs[2]
 }
 
 func (n *node) acquire(ctx context.Context, s *lockSpec, r acquireReq) (reply, error) {

@@ -5,12 +5,15 @@
 --
 -- KEYS = a hash, a sorted set, a string and a list under the prefix, one
 -- slot.
--- ARGV = the publish command ('publish' or 'spublish') and a channel under
--- the prefix. Returns the refused commands, each as "<command>: <error>",
--- and the publish command's error (nil if it was not refused), apart: the
--- lock scripts publish with pcall, and waiters that hear nothing poll, so
--- a refused publish degrades the locks where a refused command breaks
--- them.
+-- ARGV = the publish command ('publish' or 'spublish'), a channel under
+-- the prefix, and the PUBSUB subcommand that counts its listeners before a
+-- hand-off ('numsub', 'shardnumsub'; '' where none is asked: see queue.lua).
+-- Returns the refused commands, each as "<command>: <error>", and the
+-- publish command's and the PUBSUB count's errors (false if not refused),
+-- apart: the lock scripts publish and count with pcall, waiters that hear
+-- nothing poll, and a count refused hands the lock to gone waiters too
+-- (each blocks it for a claim lease), so either degrades the locks where a
+-- refused command breaks them.
 local h, z, s, l = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local refused = {}
 local function try(cmd, ...)
@@ -54,4 +57,11 @@ local pub_err = false
 if type(published) == 'table' and published.err then
   pub_err = published.err
 end
-return {refused, pub_err}
+local count_err = false
+if ARGV[3] ~= '' then
+  local counted = redis.pcall('pubsub', ARGV[3], ARGV[2])
+  if type(counted) == 'table' and counted.err then
+    count_err = counted.err
+  end
+end
+return {refused, pub_err, count_err}

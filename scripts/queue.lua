@@ -17,7 +17,9 @@
 -- 'publish', or 'spublish' on a Redis 7 cluster; in capitals ('PUBLISH',
 -- 'SPUBLISH': Redis reads commands in any case) on a quorum's servers,
 -- whose queues never hand the lock on, only wake waiters (one argument
--- fewer: each costs the server about as much as a command).
+-- fewer: each costs the server about as much as a command). 'pUBLISH' is
+-- 'publish' on a cluster without sharded pub/sub (Redis 6.2): there every
+-- node relays the message, and a Client may listen on any of them.
 local pub = ARGV[#ARGV]
 local handoff = string.byte(pub) > 96 -- lower case
 
@@ -34,11 +36,33 @@ local function digits(x)
 end
 
 -- Tells the Client cid msg on <home>:released:<cid>, and whether it
--- listens (0 when its process is gone). pcall: a caller without rights on
--- the channel still releases; the waiter's refresh finds out.
+-- listens (no when its process is gone); pcall: a caller without rights on
+-- the channel still releases, and the waiter's refresh finds out.
+--
+-- A grant ('g') the script gives back when its Client does not listen, so
+-- the message must not go out then: a message once published may reach the
+-- Client whatever its count says (PUBLISH counts only this node's
+-- listeners, and a replica, or on Redis 6.2 every node of a cluster,
+-- delivers it too), and a grant taken from it after it was given back
+-- would be a second holder. So the hand-off asks first whether the Client
+-- listens here, and a grant it publishes stands. Where that cannot be told
+-- (a cluster that relays, or PUBSUB denied) every Client counts as
+-- listening: a gone one blocks the lock for a claim lease. A quorum's
+-- servers only wake waiters, and count the wake message's listeners.
 local function tell(home, cid, msg)
-  local n = redis.pcall(pub, home .. ':released:' .. cid, msg)
-  return type(n) == 'number' and n > 0
+  local channel = home .. ':released:' .. cid
+  if not handoff then
+    local n = redis.pcall(pub, channel, msg)
+    return type(n) == 'number' and n > 0
+  end
+  if pub ~= 'pUBLISH' then
+    local sub = 'numsub'
+    if pub == 'spublish' then sub = 'shardnumsub' end
+    local n = redis.pcall('pubsub', sub, channel)
+    if type(n) == 'table' and n[2] == 0 then return false end
+  end
+  redis.pcall(pub, channel, msg)
+  return true
 end
 
 -- Passes a free lock held in KEYS[1] on to the queue's head, which has
