@@ -47,12 +47,14 @@ func lockStateOn(t testing.TB, rdb redis.UniversalClient, name string) lockStatu
 var holderForm = regexp.MustCompile(`[A-Za-z0-9_-]{22}\.([A-Za-z0-9._-]+)\.(\d+):\d+\.\d+ \(pid (\d+) on ([A-Za-z0-9._-]+)\)`)
 
 // awaitWaiter waits until a Client other than the holder waits for the lock:
-// it is queued in Redis or subscribed to the release channel.
+// it is queued in Redis and subscribed to the release channel.
 func awaitWaiter(t testing.TB, addr, name string) {
 	t.Helper()
-	await(t, 10*time.Second, "a waiter on lock "+name, func() bool {
+	// Queued and listening: a release drops a queued waiter whose Client
+	// does not listen yet, as if its process were gone.
+	await(t, 10*time.Second, "a waiter on lock "+name+", queued and listening", func() bool {
 		st := lockState(t, addr, name)
-		return st.Queued > 0 || st.Subscribers > 0
+		return st.Queued > 0 && st.Subscribers > 0
 	})
 }
 

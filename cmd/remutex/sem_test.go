@@ -142,7 +142,10 @@ func TestRunPermitsStatusUnlock(t *testing.T) {
 	a.signal(syscall.SIGSTOP)
 	out := filepath.Join(t.TempDir(), "out")
 	w := start(t, cliEnv("OUT="+out), "", "--addr", addr, "run", "--permits", "2", name, "--", "sh", "-c", `echo "$REMUTEX_FENCE" > "$OUT"`)
-	await(t, 10*time.Second, "the waiter to queue", func() bool { return semState(t, addr, name).Queued == 1 })
+	await(t, 10*time.Second, "the waiter to queue and listen", func() bool {
+		st := semState(t, addr, name)
+		return st.Queued == 1 && st.Subscribers == 1
+	})
 
 	st := checkSemStatus(t, addr, name, []*proc{a, b}, w)
 	ownerA := ""
