@@ -422,11 +422,13 @@ func (n *node) checkPermissions(ctx context.Context, c *Client, sharded bool) (b
 	base := c.prefix + "{remutex-check." + c.id + "}"
 	channel := base + releasedInfix + c.id
 	pub, count := "publish", "numsub"
-	switch {
-	case sharded:
+	if sharded {
 		pub, count = "spublish", "shardnumsub"
-	case n.cluster:
-		count = "" // every node relays: the hand-off does not count (queue.lua)
+	}
+	if n.cluster && !sharded || n.pubs[0] != "publish" {
+		// Every node relays, or a quorum's server only wakes waiters: the
+		// release does not count listeners (queue.lua).
+		count = ""
 	}
 	cl := &call{s: checkScript, keys: []interface{}{base, base + ":z", base + ":s", base + ":l"}, args: []interface{}{pub, channel, count}}
 	n.send(ctx, n.rdb, []*call{cl}, false, false)

@@ -246,11 +246,18 @@ func TestCheckDegraded(t *testing.T) {
 		}
 		// Without PUBSUB, a release cannot ask whether a queued waiter's
 		// Client listens (queue.lua): it hands the lock on to gone ones too.
-		noCount := clientOn(t, lockUserOn(t, srv, append(append([]string{}, lockUserACL...), "-pubsub")...))
+		noCountRDB := lockUserOn(t, srv, append(append([]string{}, lockUserACL...), "-pubsub")...)
+		noCount := clientOn(t, noCountRDB)
 		if err := noCount.Check(ctx); !errors.Is(err, ErrDegraded) || !strings.Contains(err.Error(), "PUBSUB NUMSUB") {
 			t.Errorf("no PUBSUB: got %v, want ErrDegraded naming PUBSUB NUMSUB", err)
 		}
 		handOffWorks(t, noCount)
+		// A quorum's releases only wake waiters: they count no listeners.
+		q := NewQuorumClient([]redis.UniversalClient{noCountRDB, noCountRDB, noCountRDB}, WithLogger(testLogger(t)))
+		t.Cleanup(func() { _ = q.Close() })
+		if err := q.Check(ctx); err != nil {
+			t.Errorf("no PUBSUB, a quorum's Client: got %v, want nil", err)
+		}
 		rules := aclWith("+time")
 		rules = aclWith2(rules, "&remutex:*")
 		err := clientOn(t, lockUserOn(t, srv, rules...)).Check(ctx)

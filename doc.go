@@ -70,8 +70,8 @@
 // longer listens (PUBSUB NUMSUB counts nobody: its process died) is dropped
 // by that same call, and the next one served; a grant, once published, is
 // never given back (the message may reach a listener the count does not
-// see: on a replica, or on another node of a Redis 6.2 Cluster, where every
-// head counts as listening). On a quorum the release only
+// see: on a replica, or on another node of a Cluster on classic pub/sub,
+// Redis 6.2's, where every head counts as listening). On a quorum the release only
 // wakes the head, which takes the lock with its next call on a majority.
 //
 // # Protocol
@@ -122,7 +122,9 @@
 // entry queued rewrites it with the call's send time, and the grant message
 // names the entry as it stood: the grant is valid for its claim lease from
 // that send time, which came before the grant however late the message
-// arrives, and a grant past it is given back, never taken. A grant names
+// arrives. A grant past it is neither taken nor given back: the wait's next
+// call takes the lock if the grant is still its own in Redis, or queues
+// again. A grant names
 // the wait (wait id and owner token) it answers, so a goroutine that waits
 // again never takes an earlier wait's grant for a new one, and a waiter that
 // gave a grant back goes on under an owner token of its own, which that

@@ -10,16 +10,17 @@
 -- 'R' a reader (a DistRWMutex); the wait id tells a waiter's waits apart
 -- (the arrival, on the waiter's clock, is for Client.Inspect); the owner
 -- begins with the Client's id, which names the channel its Client listens
--- on. A waiter whose Client no longer listens (its process died: PUBLISH
--- reaches nobody) is dropped when its turn comes.
+-- on. A waiter whose Client no longer listens (its process died: nobody
+-- subscribes to its channel) is dropped when its turn comes.
 --
 -- The last argument of every lock script is the node's publish command:
 -- 'publish', or 'spublish' on a Redis 7 cluster; in capitals ('PUBLISH',
 -- 'SPUBLISH': Redis reads commands in any case) on a quorum's servers,
 -- whose queues never hand the lock on, only wake waiters (one argument
 -- fewer: each costs the server about as much as a command). 'pUBLISH' is
--- 'publish' on a cluster without sharded pub/sub (Redis 6.2): there every
--- node relays the message, and a Client may listen on any of them.
+-- 'publish' on a cluster on classic pub/sub (Redis 6.2, or a cluster that
+-- could not be asked for SPUBLISH): there every node relays the message,
+-- and a Client may listen on any of them.
 local pub = ARGV[#ARGV]
 local handoff = string.byte(pub) > 96 -- lower case
 
@@ -36,7 +37,7 @@ local function digits(x)
 end
 
 -- Tells the Client cid msg on <home>:released:<cid>, and whether it
--- listens (no when its process is gone); pcall: a caller without rights on
+-- listens (not when its process is gone); pcall: a caller without rights on
 -- the channel still releases, and the waiter's refresh finds out.
 --
 -- A grant ('g') the script gives back when its Client does not listen, so
@@ -46,7 +47,7 @@ end
 -- delivers it too), and a grant taken from it after it was given back
 -- would be a second holder. So the hand-off asks first whether the Client
 -- listens here, and a grant it publishes stands. Where that cannot be told
--- (a cluster that relays, or PUBSUB denied) every Client counts as
+-- (a cluster on classic pub/sub, or PUBSUB denied) every Client counts as
 -- listening: a gone one blocks the lock for a claim lease. A quorum's
 -- servers only wake waiters, and count the wake message's listeners.
 local function tell(home, cid, msg)
