@@ -213,6 +213,14 @@ func noExpiry(rest string, err error) error {
 // something that is not a Redis reply (an HTTP server, say): permanent.
 var errNotRedis = errors.New("remutex: not a Redis server")
 
+// isReply reports whether err is, or wraps, an error reply of the server
+// (go-redis's parser errors included). Its target escapes, so callers on an
+// uncontended path call it only once err is not nil.
+func isReply(err error) bool {
+	var rerr redis.Error
+	return errors.As(err, &rerr)
+}
+
 // isProtocolError reports an error of go-redis's reply parser: the server
 // answered with something that is not a Redis reply.
 func isProtocolError(err error) bool {

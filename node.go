@@ -73,6 +73,8 @@ type call struct {
 	// try: a TryLock's call, answered at once if a connection is refused
 	// meanwhile (see dialWatch).
 	try bool
+	// buf, when it has room, holds the command's arguments (see evalTry).
+	buf []interface{}
 }
 
 // onceCmd is a command the redis client never sends again by itself (after a
@@ -98,7 +100,10 @@ func (cl *call) build(ctx context.Context, eval bool) {
 		cl.cmd = redis.NewCmd(ctx, cl.args...)
 		return
 	}
-	a := make([]interface{}, 0, 3+len(cl.keys)+len(cl.args))
+	a := cl.buf[:0]
+	if need := 3 + len(cl.keys) + len(cl.args); cap(a) < need {
+		a = make([]interface{}, 0, need)
+	}
 	if eval {
 		a = append(a, "eval", cl.s.src)
 	} else {
@@ -199,17 +204,46 @@ func (n *node) evalOn(ctx context.Context, keys []interface{}, sc *luaScript, ar
 	return n.evalCall(ctx, &call{s: sc, keys: keys, args: args})
 }
 
-// evalTry is evalOn for an acquisition's call: a TryLock's if try.
+// evalTry is evalOn for an acquisition's call: a TryLock's if try. The call
+// and its command's arguments come from a pool, as quickRelease's do: an
+// acquisition is the hot path. They go back once answered, never after an
+// error of the round trip (the drainer may still send a call cut off).
 func (n *node) evalTry(ctx context.Context, try bool, keys []interface{}, sc *luaScript, args ...interface{}) (interface{}, error) {
-	return n.evalCall(ctx, &call{s: sc, keys: keys, args: args, try: try})
+	ac := acquirePool.Get().(*acquireCall)
+	ac.cl = call{s: sc, keys: keys, args: append(ac.args[:0], args...), try: try, buf: ac.built[:0]}
+	if err := n.batch.do(ctx, &ac.cl); err != nil {
+		return nil, err
+	}
+	cmd := ac.cl.cmd
+	ac.cl = call{}
+	clear(ac.args[:])
+	clear(ac.built[:])
+	acquirePool.Put(ac)
+	return n.answer(cmd)
 }
+
+// acquireCall is evalTry's call, pooled; built is its command's arguments
+// (see call.build), room enough for every acquisition's.
+type acquireCall struct {
+	cl    call
+	args  [8]interface{}
+	built [16]interface{}
+}
+
+var acquirePool = sync.Pool{New: func() any { return new(acquireCall) }}
 
 // evalCall is evalOn of a call built already.
 func (n *node) evalCall(ctx context.Context, cl *call) (interface{}, error) {
 	if err := n.batch.do(ctx, cl); err != nil {
 		return nil, err
 	}
-	v, err := cl.cmd.Result()
+	return n.answer(cl.cmd)
+}
+
+// answer is the reply of a script's command, its error named (scriptError)
+// and a missing script loaded again (reloadAfter).
+func (n *node) answer(cmd *redis.Cmd) (interface{}, error) {
+	v, err := cmd.Result()
 	if err != nil {
 		n.reloadAfter(err)
 		return nil, scriptError(err)

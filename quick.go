@@ -2,14 +2,11 @@ package remutex
 
 import (
 	"context"
-	"errors"
 	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 )
 
 // quick is what a DistMutex, a DistRWMutex's read side or a DistSemaphore
@@ -37,7 +34,7 @@ type quick struct {
 	// A semaphore's unfenced Acquire(1) once its size was found right:
 	// quick_lock.lua on the holders and the queue (see quick_sem.lua).
 	oneKeys []interface{}
-	del     string        // "hdel", or "zrem" for a reader
+	del     interface{}   // "hdel", or "zrem" for a reader (held as an interface: no conversion per release)
 	delKey  interface{}   // the key of the holds
 	look    []interface{} // EXISTS of the queue (read only: shared by the calls)
 	until   *atomic.Int64 // unix ns: contended until then (Client.contended)
@@ -136,9 +133,8 @@ func (n *node) quickRelease(ctx context.Context, s *lockSpec, owner interface{})
 	}
 	defer pairPool.Put(pc)
 	gone, err := del.cmd.Int64()
-	var rerr redis.Error
 	switch {
-	case errors.As(err, &rerr):
+	case err != nil && isReply(err):
 		return releaseNotHeld, nil
 	case err != nil:
 		n.reloadAfter(err)

@@ -1,0 +1,66 @@
+package remutex
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// TestCutOffCallKeepsItsArguments cuts an acquisition off while its call is
+// in flight, then runs acquisitions of another Client meanwhile. Calls and
+// their command's arguments are pooled (evalTry, quickRelease); one cut off
+// must not go back to the pool while the drainer may still send it, or
+// another acquisition would write its own arguments into it. The call held
+// in flight must go out as it was built: on its own lock's key.
+func TestCutOffCallKeepsItsArguments(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *testBackend) {
+		name := lockName(t)
+		rdb := b.rdb(t)
+		m := clientOn(t, rdb).NewMutex(name)
+		held, open, sent := make(chan struct{}, 1), make(chan struct{}), make(chan []interface{}, 1)
+		var first atomic.Bool
+		rdb.AddHook(hookFuncs{process: func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
+			if _, keys := scriptCall(cmd); len(keys) > 0 && keys[0] == m.spec.hash() && first.CompareAndSwap(false, true) {
+				held <- struct{}{}
+				<-open
+				sent <- slices.Clone(cmd.Args())
+			}
+			return next(ctx, cmd)
+		}})
+
+		ctx, cancel := context.WithCancel(testCtx(t, hangGuard))
+		res := make(chan error, 1)
+		go func() { res <- m.LockContext(ctx) }()
+		await(t, held, "the acquisition's call to be held in flight")
+		cancel()
+		if err := await(t, res, "the cut-off LockContext"); !errors.Is(err, context.Canceled) {
+			t.Fatalf("LockContext cut off in flight: got %v, want context.Canceled", err)
+		}
+
+		// Acquisitions on every P while the call is out: each takes a
+		// pooled call, and would take the cut-off one had it gone back.
+		other := clientOn(t, b.rdb(t)).NewMutex(name + ".other")
+		var wg sync.WaitGroup
+		for range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for range 32 {
+					other.Lock()
+					other.Unlock()
+				}
+			}()
+		}
+		wg.Wait()
+		close(open)
+		args := await(t, sent, "the held call to go out")
+		if _, keys := scriptCallArgs(args); len(keys) == 0 || keys[0] != m.spec.hash() {
+			t.Fatalf("the call cut off went out as %v, want a call on %s", args, m.spec.hash())
+		}
+	})
+}
