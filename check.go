@@ -303,8 +303,7 @@ func serverInfo(ctx context.Context, rdb *redis.Client) (ServerInfo, error) {
 // isRedisError reports an error reply of the server (as opposed to no
 // reply, or one that is not Redis's).
 func isRedisError(err error) bool {
-	var rerr redis.Error
-	return errors.As(err, &rerr) && !isProtocolError(err)
+	return isReply(err) && !isProtocolError(err)
 }
 
 // helloFields decodes HELLO's reply: a map in RESP3, a flat array in RESP2.
@@ -425,7 +424,7 @@ func (n *node) checkPermissions(ctx context.Context, c *Client, sharded bool) (b
 	if sharded {
 		pub, count = "spublish", "shardnumsub"
 	}
-	if n.cluster && !sharded || n.pubs[0] != "publish" {
+	if n.cluster && !sharded || !n.handoff {
 		// Every node relays, or a quorum's server only wakes waiters: the
 		// release does not count listeners (queue.lua).
 		count = ""

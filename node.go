@@ -25,7 +25,8 @@ type node struct {
 	log       *slog.Logger
 	cluster   bool // rdb is a *redis.ClusterClient
 	ack       replicaAck
-	pubs      [3]string   // the slow paths' publish commands, classic, sharded and relayed (queue.lua): in capitals in a quorum
+	handoff   bool        // the queue hands the lock to waiters (a quorum's servers only wake them)
+	pubs      [3]string   // the slow paths' publish commands, classic, sharded and relayed (queue.lua): in capitals without handoff
 	shardOnce sync.Once   // decides shardPub with the first lock operation
 	decided   atomic.Bool // shardPub is decided
 	shardPub  atomic.Bool // release messages use sharded pub/sub
@@ -37,7 +38,7 @@ type node struct {
 // newNode returns a node of c on rdb; handoff says whether its queue hands
 // the lock to waiters (a quorum's servers only wake them).
 func newNode(c *Client, rdb redis.UniversalClient, handoff bool) *node {
-	n := &node{rdb: rdb, log: c.log, ack: c.ack, pubs: [3]string{"PUBLISH", "SPUBLISH", "PUBLISH"}}
+	n := &node{rdb: rdb, log: c.log, ack: c.ack, handoff: handoff, pubs: [3]string{"PUBLISH", "SPUBLISH", "PUBLISH"}}
 	if handoff {
 		// Lower case: the queue hands the lock on. "pUBLISH": on a cluster
 		// that relays classic messages, which a Client may hear on any node.
