@@ -374,9 +374,14 @@ func (w *robustWorker) release(l robustLocker) {
 	// A final release that failed (its error returned, or an Unlock's told
 	// to the handler) is sent again in the background, and if it gets
 	// through too late the lock expires by its lease: see releaseFailed.
+	// So does one that was on its way when the lease ran out (Lost closed
+	// before it returned; a plain Unlock then reports nothing more).
 	why := w.cl.reported(invoke, ret, fmt.Sprintf("remutex: unlock %q", l.name))
 	if err != nil {
 		why = err.Error()
+	}
+	if why == "" && closedNow(e.lost) {
+		why = "Lost closed before the release returned"
 	}
 	if why != "" {
 		w.env.hist.releaseFailed(e.hold, why)

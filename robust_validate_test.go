@@ -33,8 +33,10 @@ import (
 //     two holds share one.
 //   - Minimum hold: after a WithMinHold hold was released (not lost), no
 //     other Client takes the lock before the minimum hold has passed.
-//     Unless its final release failed (UnlockContext returned an error, or
-//     Unlock told one to the handler): such a release is sent again in the
+//     Unless its final release failed (UnlockContext returned an error,
+//     Unlock told one to the handler, or Lost closed before the release
+//     returned: the lease ran out while it was on its way, and a plain
+//     Unlock reports that loss no more): such a release is sent again in the
 //     background, and if that does not get through while the lease runs,
 //     "the lock expires on the server within its lease" (UnlockContext's
 //     doc), minimum hold or not: a holder cut off from Redis cannot keep
