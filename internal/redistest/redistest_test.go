@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -402,4 +403,57 @@ func TestSentinelForgetsKilledPrimary(t *testing.T) {
 			}
 		}
 	}
+}
+
+// divergedShards is a nodes.conf as a Valkey 8.0 node saved it after a
+// failover, which the same server then refused to load: the replica (this
+// node) is saved in another shard than its primary.
+const divergedShards = `aaaa0938981fd3b1319e9765f3536092cb5e1b95 127.0.0.1:14117@24117,,tls-port=0,shard-id=1111b58b8f1c5cd9bd048f02eb68f72a117331f7 myself,slave 05fe0938981fd3b1319e9765f3536092cb5e1b95 0 0 2 connected
+05fe0938981fd3b1319e9765f3536092cb5e1b95 127.0.0.1:14119@14118,,tls-port=0,shard-id=6486b58b8f1c5cd9bd048f02eb68f72a117331f7 master - 0 1795844410239 2 connected 5461-10922
+bbbb0938981fd3b1319e9765f3536092cb5e1b95 127.0.0.1:14121@14120,,tls-port=0,shard-id=2222b58b8f1c5cd9bd048f02eb68f72a117331f7 master - 0 1795844410239 3 connected 0-5460
+vars currentEpoch 3 lastVoteEpoch 0
+`
+
+func TestFollowPrimaryShards(t *testing.T) {
+	got := string(followPrimaryShards([]byte(divergedShards)))
+	want := strings.Replace(divergedShards, "shard-id=1111", "shard-id=6486", 1)
+	if got != want {
+		t.Fatalf("followPrimaryShards:\ngot  %q\nwant %q", got, want)
+	}
+	old := strings.NewReplacer(",,tls-port=0,shard-id=1111b58b8f1c5cd9bd048f02eb68f72a117331f7", "",
+		",,tls-port=0,shard-id=6486b58b8f1c5cd9bd048f02eb68f72a117331f7", "",
+		",,tls-port=0,shard-id=2222b58b8f1c5cd9bd048f02eb68f72a117331f7", "").Replace(divergedShards)
+	if got := string(followPrimaryShards([]byte(old))); got != old {
+		t.Fatalf("followPrimaryShards of a file without shard ids changed it:\ngot  %q\nwant %q", got, old)
+	}
+
+	// The server refuses the file as saved and loads the mended one.
+	bin := Require(t, "redis-server")
+	v := ServerVersion(t)
+	if !v.AtLeast(7, 2) {
+		t.Logf("%v keeps no shard ids in nodes.conf; only the text was checked", v)
+		return
+	}
+	launch := func(conf string) (*Server, error) {
+		dir := t.TempDir()
+		if err := os.WriteFile(filepath.Join(dir, "nodes.conf"), []byte(conf), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		port, err := FreePortWithBus(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return LaunchOn(bin, dir, port, ClusterArgs(v)...)
+	}
+	if s, err := launch(divergedShards); err == nil {
+		s.Stop()
+		t.Fatalf("%v loaded a replica saved in another shard than its primary's; want it refused, as the test's premise", v)
+	} else if !strings.Contains(err.Error(), "corrupted cluster config file") {
+		t.Fatalf("%v refused the diverged file with %v; want corrupted cluster config file", v, err)
+	}
+	s, err := launch(got)
+	if err != nil {
+		t.Fatalf("%v refused the mended file: %v", v, err)
+	}
+	s.Stop()
 }

@@ -489,9 +489,8 @@ func (n *Node) serves(ctx context.Context, slot int, master *Node) bool {
 func (c *Cluster) KillMaster(t testing.TB, master *Node) *Node {
 	t.Helper()
 	r := c.ReplicaOf(t, master)
-	// A copy of its cluster configuration, saved whole: a kill that comes
-	// while the server rewrites nodes.conf may leave it cut short, which
-	// a restart refuses ("corrupted cluster config file"; seen on Valkey).
+	// A copy of its cluster configuration, saved whole, for Rejoin: a kill
+	// that comes while the server rewrites nodes.conf may leave it cut short.
 	if err := master.RDB.Do(adminCtx(t), "cluster", "saveconfig").Err(); err == nil {
 		master.savedConf, _ = os.ReadFile(filepath.Join(master.dir, "nodes.conf"))
 	}
@@ -536,20 +535,65 @@ func (c *Cluster) AwaitPromotion(t testing.TB, slot int, replica *Node) {
 // cluster configuration (as a supervisor restarts a crashed server): it
 // comes back as a replica of master, the node that replaced it. Rejoin waits
 // until master has it in sync and acknowledging.
+//
+// A server may refuse the configuration it saved ("corrupted cluster config
+// file"), for one of two reasons: the kill came while it rewrote nodes.conf
+// and cut it short; or (Redis 7.2+, Valkey) it saved a replica in another
+// shard than its primary's, as gossip had told it so far. Rejoin then starts
+// it from the copy KillMaster saved, with each replica put in its primary's
+// shard (see followPrimaryShards), as an operator mends the file by hand.
 func (c *Cluster) Rejoin(t testing.TB, node, master *Node) {
 	t.Helper()
-	if err := node.start(); err != nil && node.savedConf != nil {
-		// Its nodes.conf was cut short by the kill: start from the copy
-		// saved before it (the cluster tells it what changed since).
-		t.Logf("restarting %v: %v; again with its configuration as saved before the kill", node, err)
-		if werr := os.WriteFile(filepath.Join(node.dir, "nodes.conf"), node.savedConf, 0o600); werr != nil {
+	if err := node.start(); err != nil {
+		conf := node.savedConf
+		if conf == nil {
+			conf, _ = os.ReadFile(filepath.Join(node.dir, "nodes.conf"))
+		}
+		t.Logf("restarting %v: %v; again with its configuration as saved before the kill, each replica in its primary's shard", node, err)
+		if werr := os.WriteFile(filepath.Join(node.dir, "nodes.conf"), followPrimaryShards(conf), 0o600); werr != nil {
 			t.Fatal(werr)
 		}
-		node.Restart(t)
-	} else if err != nil {
 		node.Restart(t)
 	}
 	awaitInSync(t, master.Server, []*Server{node.Server})
 	node.Master = master
 	c.Replicas = append(c.Replicas, node)
+}
+
+// followPrimaryShards returns conf, the text of a cluster node's nodes.conf,
+// with each replica's shard-id set to its primary's, where both are in it.
+// A node loads a replica whose shard-id differs from its primary's as a
+// corrupted file and refuses to start; the cluster tells the node the
+// shards' ids again once it is back. Lines without shard-ids (servers
+// before Redis 7.2) are left as they are.
+func followPrimaryShards(conf []byte) []byte {
+	lines := strings.Split(string(conf), "\n")
+	shard := map[string]string{} // node id → shard id
+	for _, l := range lines {
+		if f := strings.Fields(l); len(f) >= 4 {
+			shard[f[0]] = shardID(f[1])
+		}
+	}
+	for i, l := range lines {
+		f := strings.Fields(l)
+		if len(f) < 4 || f[3] == "-" {
+			continue
+		}
+		own, primary := shardID(f[1]), shard[f[3]]
+		if own != "" && primary != "" && own != primary {
+			lines[i] = strings.Replace(l, "shard-id="+own, "shard-id="+primary, 1)
+		}
+	}
+	return []byte(strings.Join(lines, "\n"))
+}
+
+// shardID returns the shard-id in addr, a nodes.conf address field
+// ("127.0.0.1:6379@16379,,tls-port=0,shard-id=ID"), or "" if it has none.
+func shardID(addr string) string {
+	for _, aux := range strings.Split(addr, ",") {
+		if id, ok := strings.CutPrefix(aux, "shard-id="); ok {
+			return id
+		}
+	}
+	return ""
 }
