@@ -4,6 +4,8 @@ package remutex
 
 import (
 	"context"
+	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -265,5 +267,104 @@ func TestLateGrantKeepsTheTurn(t *testing.T) {
 		require.NoError(t, await(t, w2.locked, "the second waiter to get the lock"))
 		w2.release()
 		require.NoError(t, await(t, w2.unlocked, "the second waiter to unlock"))
+	})
+}
+
+// TestTurnBeforeSubscription: a waiter whose turn comes before its Client's
+// subscription is confirmed (its first wait on the lock, a moment after the
+// call that queued it) is dropped as a gone one would be, and the next
+// waiter is served. The dropped one, looking again at a polling pace while
+// it hears nothing, takes the lock once it is free: it loses its turn, not
+// the lock. (A test of the queue's order must therefore wait until its
+// waiters listen: see awaitInQueue.)
+func TestTurnBeforeSubscription(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *testBackend) {
+		name := lockName(t)
+		k := keysOf(name)
+		ctx := context.Background()
+		rdb := b.rdb(t)
+		holder := b.client(t).NewMutex(name)
+		holder.Lock()
+
+		// The deaf Client's first connection, its pool's, goes through; the
+		// next, its pub/sub connection, waits for the gate. While the release
+		// hands the lock on, its calls wait too: the first waiter, at the head
+		// and polling, could otherwise take the lock between the release's
+		// two calls (HDEL, then the hand-off).
+		gate, calls := make(chan struct{}), make(chan struct{})
+		var dials atomic.Int32
+		var holding atomic.Bool
+		drdb := b.rdb(t)
+		hold := func(ctx context.Context) error {
+			if holding.Load() {
+				select {
+				case <-calls:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+			return nil
+		}
+		drdb.AddHook(hookFuncs{
+			dial: func(ctx context.Context, network, addr string, next redis.DialHook) (net.Conn, error) {
+				if dials.Add(1) > 1 {
+					select {
+					case <-gate:
+					case <-ctx.Done():
+						return nil, ctx.Err()
+					}
+				}
+				return next(ctx, network, addr)
+			},
+			process: func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
+				if err := hold(ctx); err != nil {
+					return err
+				}
+				return next(ctx, cmd)
+			},
+			pipeline: func(ctx context.Context, cmds []redis.Cmder, next redis.ProcessPipelineHook) error {
+				if err := hold(ctx); err != nil {
+					return err
+				}
+				return next(ctx, cmds)
+			},
+		})
+		deaf := clientOn(t, drdb)
+		var opened, resumed sync.Once
+		open := func() { opened.Do(func() { close(gate) }) }
+		resume := func() { resumed.Do(func() { close(calls) }) }
+		t.Cleanup(open)
+		t.Cleanup(resume)
+		require.False(t, deaf.NewMutex(name).TryLock(), "TryLock of the held lock") // dials the pool's connection
+
+		first := goLock(t, deaf.NewMutex(name))
+		waitFor(t, "the first waiter queued", func() bool { return rdb.LLen(ctx, k.queue).Val() == 1 })
+		sc := b.client(t)
+		second := goLock(t, sc.NewMutex(name))
+		waitFor(t, "the second waiter queued behind it, and listening", func() bool {
+			return rdb.LLen(ctx, k.queue).Val() == 2 && len(rdb.PubSubChannels(ctx, k.channel+sc.id).Val()) == 1
+		})
+		require.Empty(t, rdb.PubSubChannels(ctx, k.channel+deaf.id).Val(), "the first waiter's Client listening, before its gate opened")
+
+		holding.Store(true)
+		holder.Unlock()
+		require.NoError(t, await(t, second.locked, "the second waiter, served when the first did not listen"))
+		resume()
+		waitFor(t, "the first waiter queued again", func() bool {
+			e := rdb.LRange(ctx, k.queue, 0, -1).Val()
+			return len(e) == 1 && strings.Contains(e[0], deaf.id)
+		})
+		select {
+		case err := <-first.locked:
+			t.Fatalf("the first waiter returned (%v) while the second held the lock", err)
+		default:
+		}
+		second.release()
+		require.NoError(t, await(t, second.unlocked, "the second waiter to unlock"))
+		require.NoError(t, await(t, first.locked, "the first waiter once the lock was free, its Client still deaf"))
+		open()
+		first.release()
+		require.NoError(t, await(t, first.unlocked, "the first waiter to unlock"))
+		assert.Zero(t, rdb.Exists(ctx, k.hash, k.queue).Val(), "keys left behind")
 	})
 }

@@ -12,14 +12,6 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// rwQueued is how many waiters a read/write lock's queue holds.
-func rwQueued(t *testing.T, b *testBackend, name string) int64 {
-	t.Helper()
-	n, err := b.rdb(t).LLen(context.Background(), DefaultKeyPrefix+"{"+name+"}:rw:waiting").Result()
-	require.NoError(t, err)
-	return n
-}
-
 // TestRWMutexReadersShareWritersExclude: readers of two Clients hold at
 // once; a writer waits for both, and new readers wait behind it.
 func TestRWMutexReadersShareWritersExclude(t *testing.T) {
@@ -34,11 +26,11 @@ func TestRWMutexReadersShareWritersExclude(t *testing.T) {
 		w.do(t, hangGuard, "TryLock", func() { ok = c.TryLock() })
 		require.False(t, ok, "a writer while readers hold")
 		locked := w.async(c.Lock)
-		waitFor(t, "the writer to queue", func() bool { return rwQueued(t, b, name) == 1 })
+		awaitQueued(t, b.rdb(t), rwKeysOf(name), 1) // and listening, to keep its turn
 		late.do(t, hangGuard, "TryRLock", func() { ok = a.TryRLock() })
 		require.False(t, ok, "a new reader while a writer waits")
 		rlocked := late.async(a.RLock)
-		waitFor(t, "the reader to queue behind the writer", func() bool { return rwQueued(t, b, name) == 2 })
+		awaitQueued(t, b.rdb(t), rwKeysOf(name), 2)
 		r1.do(t, hangGuard, "RUnlock", a.RUnlock)
 		r2.do(t, hangGuard, "RUnlock", c.RUnlock)
 		faultAwait(t, locked, hangGuard, "the writer once the readers left")

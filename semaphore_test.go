@@ -80,11 +80,11 @@ func (w *semWaiter) acquired(t testing.TB, what string) {
 	}
 }
 
-// semQueued waits until the semaphore's queue in Redis has n entries.
+// semQueued waits until the semaphore's queue in Redis has n entries, and
+// the Client of each listens (see awaitInQueue).
 func semQueued(t testing.TB, rdb *redis.Client, name string, n int64) {
 	t.Helper()
-	q := semKeysOf(name).queue
-	waitFor(t, fmt.Sprintf("%d entries in %s", n, q), func() bool { return rdb.LLen(context.Background(), q).Val() == n })
+	awaitInQueue(t, rdb, semKeysOf(name).queue, n)
 }
 
 // semState is what Redis has of a semaphore: its holders, the permits they
