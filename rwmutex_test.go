@@ -26,11 +26,12 @@ func TestRWMutexReadersShareWritersExclude(t *testing.T) {
 		w.do(t, hangGuard, "TryLock", func() { ok = c.TryLock() })
 		require.False(t, ok, "a writer while readers hold")
 		locked := w.async(c.Lock)
-		awaitQueued(t, b.rdb(t), rwKeysOf(name), 1) // and listening, to keep its turn
+		rdb, k := b.rdb(t), rwKeysOf(name)
+		awaitQueued(t, rdb, k, 1) // and listening, to keep its turn
 		late.do(t, hangGuard, "TryRLock", func() { ok = a.TryRLock() })
 		require.False(t, ok, "a new reader while a writer waits")
 		rlocked := late.async(a.RLock)
-		awaitQueued(t, b.rdb(t), rwKeysOf(name), 2)
+		awaitQueued(t, rdb, k, 2)
 		r1.do(t, hangGuard, "RUnlock", a.RUnlock)
 		r2.do(t, hangGuard, "RUnlock", c.RUnlock)
 		faultAwait(t, locked, hangGuard, "the writer once the readers left")

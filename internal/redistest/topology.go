@@ -549,9 +549,11 @@ func (c *Cluster) Rejoin(t testing.TB, node, master *Node) {
 		if conf == nil {
 			conf, _ = os.ReadFile(filepath.Join(node.dir, "nodes.conf"))
 		}
-		t.Logf("restarting %v: %v; again with its configuration as saved before the kill, each replica in its primary's shard", node, err)
-		if werr := os.WriteFile(filepath.Join(node.dir, "nodes.conf"), followPrimaryShards(conf), 0o600); werr != nil {
-			t.Fatal(werr)
+		if len(conf) > 0 {
+			t.Logf("restarting %v: %v; again with its configuration as saved before the kill, each replica in its primary's shard", node, err)
+			if werr := os.WriteFile(filepath.Join(node.dir, "nodes.conf"), followPrimaryShards(conf), 0o600); werr != nil {
+				t.Fatal(werr)
+			}
 		}
 		node.Restart(t)
 	}
