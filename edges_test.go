@@ -80,7 +80,10 @@ func TestCloseWhileWaiting(t *testing.T) {
 		name := lockName(t)
 		other := b.client(t)
 		holdIn(t, other.NewMutex(name)) // so that c's goroutines wait
-		c, _ := clientWithErrors(t, b.rdb(t))
+		// A log of its own, not the test's: the blocked Lock logs once it
+		// sees the Close, which may come after the test returned.
+		rec := &recordingHandler{}
+		c, _ := clientWithErrors(t, b.rdb(t), WithLogger(slog.New(rec)))
 		m := c.NewMutex(name)
 		blocked := make(chan struct{})
 		go func() {
@@ -109,6 +112,7 @@ func TestCloseWhileWaiting(t *testing.T) {
 		if m.TryLock() {
 			t.Errorf("TryLock after Close: got true, want false")
 		}
+		waitFor(t, "the waiting Lock to say it blocks for good", func() bool { return rec.count("Lock on a closed Client blocks for good") == 1 })
 		select {
 		case <-blocked:
 			t.Errorf("Lock waiting at Close returned")
