@@ -138,7 +138,7 @@ func (s *DistSemaphore) TryAcquire(n int64) bool {
 	defer cancel()
 	h, err := s.acquire(ctx, n, true)
 	if err != nil && !cutOff(ctx, err) && !transient(err) && !errors.Is(err, ErrClosed) {
-		panic(err.Error())
+		panic(err) // the error itself, as TryLock's: errors.As works on the recovered value
 	}
 	return h != nil || err == nil && n == 0
 }
