@@ -211,22 +211,22 @@ type adminKind struct {
 	name  string                             // LockInfo.Kind
 	keys  func(prefix, name string) []string // its keys, in the order of roles
 	roles string                             // what inspect.lua reads at each key
-	side  func(h Holder) lockKind            // the side of the lock whose release script ends h
+	side  func(h Holder) *kind               // the side of the lock whose release script ends h
 }
 
 // adminKinds are the kinds of lock, in the order Inspect reports them.
 var adminKinds = [...]adminKind{
-	{name: "mutex", keys: lockKeys, roles: "hfq", side: func(Holder) lockKind { return kindMutex }},
-	{name: "rwmutex", keys: rwKeys, roles: "hfqr", side: func(h Holder) lockKind {
+	{name: "mutex", keys: lockKeys, roles: "hfq", side: func(Holder) *kind { return mutexKind }},
+	{name: "rwmutex", keys: rwKeys, roles: "hfqr", side: func(h Holder) *kind {
 		if h.Read {
-			return kindRead
+			return readKind
 		}
-		return kindWrite
+		return writeKind
 	}},
-	{name: "semaphore", keys: semKeys, roles: "pfqs", side: func(Holder) lockKind { return kindSemaphore }},
+	{name: "semaphore", keys: semKeys, roles: "pfqs", side: func(Holder) *kind { return semKind }},
 	// A DistOnce's lock (its runner and waiters; its records are read by
 	// Client.InspectOnce).
-	{name: "once", keys: onceLockKeys, roles: "hfq", side: func(Holder) lockKind { return kindOnce }},
+	{name: "once", keys: onceLockKeys, roles: "hfq", side: func(Holder) *kind { return onceKind }},
 }
 
 // adminRoles is inspect.lua's ARGV[1]: the roles of every kind's keys.

@@ -97,7 +97,7 @@ func (r *acquireReq) entryArg(s *lockSpec) string {
 // which the grant's claim lease counts (see attempt.claim).
 func entryString(s *lockSpec, wait uint64, at, arrival int64, permits int, owner string) string {
 	e := s.claimMs + ":" + s.flag + ":" + strconv.FormatUint(wait, 10) + "-" + strconv.FormatInt(at, 10) + "." + strconv.FormatInt(arrival, 10)
-	if s.size != nil {
+	if s.permits {
 		e += "." + strconv.Itoa(permits)
 	}
 	return e + ":" + owner
@@ -149,6 +149,15 @@ type backend interface {
 	freshOwners() bool
 	// acked reports whether grants must be confirmed by an acknowledged call.
 	acked() bool
+	// exact reports whether what it keeps is one deployment's, exact. A
+	// quorum's is a majority's, which can neither bound a count nor keep a
+	// record: the kinds that need that refuse it (kind.oneDeployment).
+	exact() bool
+	// script runs sc on s's keys, and get reads keys (a GET each) in one
+	// round trip: a value, or false for a missing key; a reply error as
+	// it came. Only an exact backend serves them.
+	script(ctx context.Context, s *lockSpec, sc *luaScript, args ...interface{}) (interface{}, error)
+	get(ctx context.Context, keys ...interface{}) ([]interface{}, error)
 	// inspect and forceUnlock serve Client.Inspect and Client.ForceUnlock.
 	inspect(ctx context.Context, t *adminTarget, subscribers bool) ([]LockInfo, error)
 	forceUnlock(ctx context.Context, t *adminTarget, owners []string) (bool, error)

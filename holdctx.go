@@ -25,23 +25,57 @@ var ErrReleased = errors.New("remutex: hold released")
 // the goroutine holds nothing, the context is done already, with the cause
 // ErrNotHeld. A hold keeps its contexts until it ends.
 func (m *DistMutex) HoldContext(parent context.Context) context.Context {
+	return m.client().holdContext(parent, func() *hold { return m.liveLocked(m.gid()) }, m.wrapOp("lock", ErrNotHeld))
+}
+
+// The one implementation of every kind's Lost, Fence and HoldContext: each
+// public type says which of its holds they answer for, by a function that
+// finds it with c.mu held (the goroutine's, a DistRWMutex's write hold
+// before its read hold, a semaphore's latest acquisition).
+
+// lostOf returns the loss channel of the hold find returns, closed already
+// when there is none.
+func (c *Client) lostOf(find func() *hold) <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if h := find(); h != nil {
+		return h.lostChanLocked()
+	}
+	return closedChan
+}
+
+// fenceOf returns the fencing token of the first hold that one of finds
+// returns, in order, or 0.
+func (c *Client) fenceOf(finds ...func() *hold) int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, find := range finds {
+		if h := find(); h != nil {
+			return h.fence
+		}
+	}
+	return 0
+}
+
+// holdContext returns a context derived from parent that ends with the
+// hold find returns, or at once, with the cause notHeld, if there is none.
+func (c *Client) holdContext(parent context.Context, find func() *hold, notHeld error) context.Context {
 	ctx, cancel := context.WithCancelCause(parent)
-	m.attach(cancel)
+	c.attach(find, cancel, notHeld)
 	return ctx
 }
 
-// attach gives the calling goroutine's live hold a context to end with it,
-// or ends it at once if there is none.
-func (m *DistMutex) attach(cancel context.CancelCauseFunc) {
-	c := m.client()
+// attach gives the hold find returns a context to end with it (cancel), or
+// ends it at once with the cause notHeld if there is none.
+func (c *Client) attach(find func() *hold, cancel context.CancelCauseFunc, notHeld error) {
 	c.mu.Lock()
-	h := m.liveLocked(m.gid())
+	h := find()
 	if h != nil {
 		h.ctxs = append(h.ctxs, cancel)
 	}
 	c.mu.Unlock()
 	if h == nil {
-		cancel(m.wrapOp("lock", ErrNotHeld))
+		cancel(notHeld)
 	}
 }
 
@@ -75,22 +109,7 @@ func (m *DistMutex) Do(ctx context.Context, f func(ctx context.Context) error) (
 // calling goroutine's hold of rw ends (its write hold if it has one, else
 // its read hold), as DistMutex.HoldContext does.
 func (rw *DistRWMutex) HoldContext(parent context.Context) context.Context {
-	ctx, cancel := context.WithCancelCause(parent)
-	rw.attach(cancel)
-	return ctx
-}
-
-func (rw *DistRWMutex) attach(cancel context.CancelCauseFunc) {
-	c := rw.w.client()
-	c.mu.Lock()
-	h := rw.holdLocked()
-	if h != nil {
-		h.ctxs = append(h.ctxs, cancel)
-	}
-	c.mu.Unlock()
-	if h == nil {
-		cancel(rw.w.wrapOp("lock", ErrNotHeld))
-	}
+	return rw.w.client().holdContext(parent, rw.holdLocked, rw.w.wrapOp("lock", ErrNotHeld))
 }
 
 // Do runs f under rw's write lock, as DistMutex.Do does.

@@ -131,7 +131,7 @@ func NonReentrant() MutexOption {
 func (c *Client) NewMutex(name string, opts ...MutexOption) *DistMutex {
 	cfg := c.configure("NewMutex", name, opts)
 	m := &DistMutex{}
-	m.init(c, name, cfg, kindMutex)
+	m.init(c, name, cfg, mutexKind)
 	return m
 }
 
@@ -301,13 +301,7 @@ func (m *DistMutex) HoldCount() int {
 // the channel before starting it, or hand it the hold's context
 // (HoldContext, Do).
 func (m *DistMutex) Lost() <-chan struct{} {
-	c := m.client()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if h := m.liveLocked(m.gid()); h != nil {
-		return h.lostChanLocked()
-	}
-	return closedChan
+	return m.client().lostOf(func() *hold { return m.liveLocked(m.gid()) })
 }
 
 // Fence returns the fencing token of the calling goroutine's hold of m: 0
@@ -316,13 +310,7 @@ func (m *DistMutex) Lost() <-chan struct{} {
 // critical section that goes on after the loss still writes with it, and
 // the storage refuses it.
 func (m *DistMutex) Fence() int64 {
-	c := m.client()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if h := m.holdLocked(m.gid()); h != nil {
-		return h.fence
-	}
-	return 0
+	return m.client().fenceOf(func() *hold { return m.holdLocked(m.gid()) })
 }
 
 // current returns a copy of the calling goroutine's hold, or nil.

@@ -393,7 +393,7 @@ func (n *node) release(ctx context.Context, s *lockSpec, owner interface{}, want
 	cl := &call{s: s.sc.release, keys: s.keyArgs, args: []interface{}{owner, want, lease, n.pub(ctx)}, once: true}
 	var v interface{}
 	var err error
-	if s.sc == onceScripts && n.acked() && !isPosted(ctx) {
+	if s.records && n.acked() && !isPosted(ctx) {
 		v, err = n.ackedCall(ctx, s, cl)
 	} else {
 		v, err = n.evalCall(ctx, cl)
@@ -419,6 +419,36 @@ func (n *node) refused() error           { return n.dials.refused() }
 func (n *node) grants() bool      { return true }
 func (n *node) freshOwners() bool { return false }
 func (n *node) acked() bool       { return n.ack.replicas > 0 }
+func (n *node) exact() bool       { return true }
+
+func (n *node) script(ctx context.Context, s *lockSpec, sc *luaScript, args ...interface{}) (interface{}, error) {
+	return n.eval(ctx, s, sc, args...)
+}
+
+func (n *node) get(ctx context.Context, keys ...interface{}) ([]interface{}, error) {
+	if len(keys) != 2 {
+		panic("remutex: node.get reads two keys") // (its one caller's: one pipelined pair)
+	}
+	first, second := &call{args: []interface{}{"get", keys[0]}}, &call{args: []interface{}{"get", keys[1]}}
+	if err := n.batch.doPair(ctx, first, second); err != nil {
+		return nil, err
+	}
+	vals := []interface{}{false, false}
+	for i, cl := range []*call{first, second} {
+		v, err := cl.cmd.Text()
+		switch {
+		case err == nil:
+			vals[i] = v
+		case errors.Is(err, redis.Nil):
+		case isReply(err):
+			return nil, err
+		default:
+			n.reloadAfter(err)
+			return nil, scriptError(err)
+		}
+	}
+	return vals, nil
+}
 
 // renewItem is one hold to renew: its lock's hash key, owner token and lease.
 type renewItem struct {

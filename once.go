@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/petermattis/goid"
-	"github.com/redis/go-redis/v9"
 )
 
 // DistOnce is sync.Once across processes: of all the callers of Do with its
@@ -101,14 +100,10 @@ func (e *OnceError) Error() string {
 // WithMinHold, or if c is a quorum Client.
 func (c *Client) NewOnce(name string, opts ...MutexOption) *DistOnce {
 	cfg := c.configure("NewOnce", name, opts)
-	if _, ok := c.be.(*quorum); ok {
-		panic("remutex: NewOnce: a quorum Client cannot keep \"done\" exact (its servers may lose their data " +
-			"unpersisted, and a majority that read past the server that kept the record would run f again): " +
-			"use a Client of one deployment")
-	}
+	c.refuseQuorum("NewOnce", onceKind)
 	cfg.nonReentrant = true
 	o := &DistOnce{running: map[int64]bool{}}
-	o.m.init(c, name, cfg, kindOnce)
+	o.m.init(c, name, cfg, onceKind)
 	return o
 }
 
@@ -439,31 +434,16 @@ func (o *DistOnce) call(ctx context.Context, op string) (interface{}, error) {
 	if o.m.c.isClosed() {
 		return nil, ErrClosed
 	}
-	n := o.m.c.be.(*node)
+	be := o.m.c.be
 	if op != "get" {
-		return n.eval(ctx, &o.m.spec, onceScript, op)
+		return be.script(ctx, &o.m.spec, onceScript, op)
 	}
 	keys := o.m.spec.keyArgs
-	done, failed := &call{args: []interface{}{"get", keys[3]}}, &call{args: []interface{}{"get", keys[4]}}
-	if err := n.batch.doPair(ctx, done, failed); err != nil {
-		return nil, err
+	rec, err := be.get(ctx, keys[3], keys[4])
+	if isReply(err) {
+		return be.script(ctx, &o.m.spec, onceScript, op)
 	}
-	rec := []interface{}{false, false}
-	for i, cl := range []*call{done, failed} {
-		v, err := cl.cmd.Text()
-		var rerr redis.Error
-		switch {
-		case err == nil:
-			rec[i] = v
-		case errors.Is(err, redis.Nil):
-		case errors.As(err, &rerr):
-			return n.eval(ctx, &o.m.spec, onceScript, op)
-		default:
-			n.reloadAfter(err)
-			return nil, scriptError(err)
-		}
-	}
-	return rec, nil
+	return rec, err
 }
 
 func (o *DistOnce) parse(v interface{}) (onceState, error) {

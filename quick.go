@@ -43,10 +43,13 @@ type quick struct {
 // contendedFor is how long a lock seen contended is sent the full scripts.
 const contendedFor = time.Second
 
-// newQuick returns the uncontended cycle of a lock of the given kind and
-// keys (see lockKeys, rwKeys), or nil where there is none.
-func (c *Client) newQuick(kind lockKind, keys []string) *quick {
-	hash, fence, queue := keys[0], keys[1], keys[2]
+// newQuick returns the uncontended cycle of a lock of kind k on keys (see
+// lockKeys, rwKeys), or nil where there is none.
+func (c *Client) newQuick(k *kind, keys []string) *quick {
+	if k.quick == nil {
+		return nil
+	}
+	hash, queue := keys[0], keys[2]
 	// FNV-1a of the hash (both sides of a read/write lock share it), its top
 	// byte the slot: its low byte depends on the low bits alone, and names
 	// that differ in a suffix would share slots far more often than 1 in 256.
@@ -54,22 +57,33 @@ func (c *Client) newQuick(kind lockKind, keys []string) *quick {
 	for i := 0; i < len(hash); i++ {
 		h = (h ^ uint32(hash[i])) * 16777619
 	}
-	q := &quick{lock: quickLock, wake: wakeScript, lockKeys: []interface{}{hash, queue},
-		del: "hdel", delKey: hash, look: []interface{}{"exists", queue}, until: &c.contended[h>>24]}
-	switch kind {
-	case kindWrite:
-		return nil
-	case kindRead:
-		readers := keys[3]
-		q.lock, q.wake = quickRLock, rwWake
-		q.lockKeys = []interface{}{hash, queue, readers}
-		q.del, q.delKey = "zrem", readers
-	case kindSemaphore:
-		q.oneKeys = q.lockKeys
-		q.lock, q.wake = quickSem, semWake
-		q.lockKeys = []interface{}{hash, queue, keys[3]}
-	}
-	q.fencedKeys = append(slices.Clip(q.lockKeys), fence)
+	q := k.quick(&quick{del: "hdel", delKey: hash, look: []interface{}{"exists", queue}, until: &c.contended[h>>24]}, keys)
+	q.fencedKeys = append(slices.Clip(q.lockKeys), keys[1])
+	return q
+}
+
+// mutexQuick is the uncontended cycle of a DistMutex (and a DistOnce's
+// lock): quick_lock.lua on the hash and the queue, HDEL, wake.lua.
+func mutexQuick(q *quick, keys []string) *quick {
+	q.lock, q.wake, q.lockKeys = quickLock, wakeScript, []interface{}{keys[0], keys[2]}
+	return q
+}
+
+// readQuick is a DistRWMutex's readers': quick_rlock.lua, which also reads
+// the readers, ZREM of the reader, rwwake.lua.
+func readQuick(q *quick, keys []string) *quick {
+	readers := keys[3]
+	q.lock, q.wake, q.lockKeys = quickRLock, rwWake, []interface{}{keys[0], keys[2], readers}
+	q.del, q.delKey = "zrem", readers
+	return q
+}
+
+// semQuick is a DistSemaphore's: quick_sem.lua, which also reads the size,
+// HDEL of the holding, sem_wake.lua; an unfenced Acquire(1), once the size
+// is known right, runs quick_lock.lua (see quickLock).
+func semQuick(q *quick, keys []string) *quick {
+	q.oneKeys = []interface{}{keys[0], keys[2]}
+	q.lock, q.wake, q.lockKeys = quickSem, semWake, []interface{}{keys[0], keys[2], keys[3]}
 	return q
 }
 
@@ -93,7 +107,7 @@ func (n *node) quickLock(ctx context.Context, s *lockSpec, r acquireReq) (grante
 	}
 	var v interface{}
 	switch {
-	case s.size == nil:
+	case !s.permits:
 		v, err = n.evalTry(ctx, r.try, keys, q.lock, r.owner, r.lease)
 	case r.want == 1 && r.fence == fenceOff && s.sized.Load():
 		// (A fenced holding keeps its token in its value: quick_sem.lua.)

@@ -79,6 +79,17 @@ func (q *quorum) refused() error           { return nil }
 func (q *quorum) grants() bool      { return false }
 func (q *quorum) freshOwners() bool { return true }
 func (q *quorum) acked() bool       { return false }
+func (q *quorum) exact() bool       { return false }
+
+// errNotExact answers the calls that only an exact backend serves: the
+// kinds that make them refuse a quorum Client at construction.
+var errNotExact = errors.New("remutex: a quorum Client does not serve this call")
+
+func (q *quorum) script(context.Context, *lockSpec, *luaScript, ...interface{}) (interface{}, error) {
+	return nil, errNotExact
+}
+
+func (q *quorum) get(context.Context, ...interface{}) ([]interface{}, error) { return nil, errNotExact }
 
 // answer is one node's reply in a fan-out.
 type answer[T any] struct {

@@ -48,8 +48,8 @@ type DistRWMutex struct {
 func (c *Client) NewRWMutex(name string, opts ...MutexOption) *DistRWMutex {
 	cfg := c.configure("NewRWMutex", name, opts)
 	rw := &DistRWMutex{}
-	rw.w.init(c, name, cfg, kindWrite)
-	rw.r.init(c, name, cfg, kindRead)
+	rw.w.init(c, name, cfg, writeKind)
+	rw.r.init(c, name, cfg, readKind)
 	rw.w.pair, rw.r.pair = &rw.r, &rw.w
 	return rw
 }
@@ -130,13 +130,7 @@ func (rw *DistRWMutex) Name() string { return rw.w.Name() }
 // value's write hold, else its latest read hold) is lost. It is already
 // closed if the goroutine holds nothing.
 func (rw *DistRWMutex) Lost() <-chan struct{} {
-	c := rw.w.client()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if h := rw.holdLocked(); h != nil {
-		return h.lostChanLocked()
-	}
-	return closedChan
+	return rw.w.client().lostOf(rw.holdLocked)
 }
 
 // Fence returns the fencing token of the calling goroutine's hold under
@@ -144,23 +138,12 @@ func (rw *DistRWMutex) Lost() <-chan struct{} {
 // latest write before it was taken, so that readers can tell which write
 // generation they read. 0 without WithFencing or without a hold.
 func (rw *DistRWMutex) Fence() int64 {
-	c := rw.w.client()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	gid := rw.w.gid()
-	if h := rw.holdLocked(); h != nil {
-		return h.fence
-	}
 	// A lost hold keeps its token, as DistMutex.Fence says.
-	for _, h := range []*hold{rw.w.holdLocked(gid), rw.r.holdLocked(gid)} {
-		if h != nil {
-			return h.fence
-		}
-	}
-	return 0
+	gid := rw.w.gid()
+	return rw.w.client().fenceOf(rw.holdLocked,
+		func() *hold { return rw.w.holdLocked(gid) }, func() *hold { return rw.r.holdLocked(gid) })
 }
 
-// holdLocked returns the calling goroutine's write hold, else its read hold.
 func (rw *DistRWMutex) holdLocked() *hold {
 	gid := rw.w.gid()
 	if h := rw.w.liveLocked(gid); h != nil {

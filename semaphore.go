@@ -92,13 +92,10 @@ func (c *Client) NewSemaphore(name string, size int64, opts ...MutexOption) *Dis
 	if size <= 0 || size > maxPermits {
 		panic(fmt.Sprintf("remutex: NewSemaphore(%q, %d): the size must be between 1 and %d", name, size, maxPermits))
 	}
-	if _, ok := c.be.(*quorum); ok {
-		panic("remutex: NewSemaphore: a quorum Client cannot bound a count by majorities " +
-			"(three servers and two permits let three holders each win a majority): use a Client of one deployment")
-	}
+	c.refuseQuorum("NewSemaphore", semKind)
 	cfg.nonReentrant = true
 	s := &DistSemaphore{size: size, sending: map[*hold]bool{}}
-	s.m.init(c, name, cfg, kindSemaphore)
+	s.m.init(c, name, cfg, semKind)
 	s.m.spec.size = strconv.FormatInt(size, 10)
 	s.m.spec.sized = new(atomic.Bool)
 	s.freed = sync.NewCond(&s.mu)
@@ -327,28 +324,12 @@ func (s *DistSemaphore) Held() int64 {
 // still held is lost (closed already if it holds nothing). Each acquisition
 // has its own: take it right after Acquire, or use Do, whose context ends
 // with that acquisition.
-func (s *DistSemaphore) Lost() <-chan struct{} {
-	c := s.m.client()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if h := s.latestLocked(); h != nil {
-		return h.lostChanLocked()
-	}
-	return closedChan
-}
+func (s *DistSemaphore) Lost() <-chan struct{} { return s.m.client().lostOf(s.latestLocked) }
 
 // Fence returns the fencing token of the value's latest acquisition still
 // held: 0 without WithFencing or if it holds nothing. Do gives each
 // acquisition's own.
-func (s *DistSemaphore) Fence() int64 {
-	c := s.m.client()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if h := s.latestLocked(); h != nil {
-		return h.fence
-	}
-	return 0
-}
+func (s *DistSemaphore) Fence() int64 { return s.m.client().fenceOf(s.latestLocked) }
 
 func (s *DistSemaphore) latestLocked() *hold {
 	for i := len(s.m.nr) - 1; i >= 0; i-- {

@@ -10,10 +10,12 @@ import (
 )
 
 // lockSpec is what the scripts need of one lock (a DistMutex, or one side
-// of a DistRWMutex), boxed once.
+// of a DistRWMutex), boxed once: its kind, and what its name and options
+// make of it.
 type lockSpec struct {
+	*kind
 	name     string
-	sc       *scriptSet
+	sc       *scriptSet    // the kind's scripts
 	keys     []string      // hash, fence, queue (DistRWMutex: and readers)
 	keyArgs  []interface{} // keys, boxed
 	home     string        // the key its holds live in: what the Client's state and channel are named by
@@ -28,14 +30,11 @@ type lockSpec struct {
 	claimMs  string
 	flag     string // the kind of its queue entries (see the scripts)
 	fence    fenceMode
-	read     bool        // the read side of a DistRWMutex
 	size     interface{} // a DistSemaphore's size (its scripts' argument); nil for a lock
 	// sized is set once a DistSemaphore's size was found to agree with
 	// Redis's (see quick_sem.lua); nil for a lock.
-	sized  *atomic.Bool
-	multi  bool   // a DistMutex value may have many holds at once (NonReentrant readers, semaphores)
-	unheld string // the panic of an unlock that holds nothing
-	quick  *quick // the uncontended cycle; nil for a DistRWMutex's write side
+	sized *atomic.Bool
+	quick *quick // the uncontended cycle; nil for a DistRWMutex's write side
 }
 
 func (s *lockSpec) hash() string { return s.home }
@@ -116,41 +115,14 @@ func keySlot(key string) int {
 	return int(crc) % 16384
 }
 
-// lockKind says which lock a spec is of.
-type lockKind uint8
-
-const (
-	kindMutex     lockKind = iota // a DistMutex
-	kindWrite                     // a DistRWMutex's write side
-	kindRead                      // a DistRWMutex's read side
-	kindSemaphore                 // a DistSemaphore
-	kindOnce                      // a DistOnce's lock
-)
-
-// newSpec computes the keys and boxed script arguments of a lock.
-func (c *Client) newSpec(name string, cfg mutexConfig, kind lockKind) lockSpec {
-	s := lockSpec{name: name, sc: mutexScripts, keys: lockKeys(c.prefix, name), lease: cfg.lease,
-		flag: "0", unheld: "remutex: unlock of unlocked mutex"}
-	switch kind {
-	case kindWrite, kindRead:
-		s.keys = rwKeys(c.prefix, name)
-		s.sc, s.flag, s.unheld = writeScripts, "w", "remutex: Unlock of unlocked DistRWMutex"
-	case kindSemaphore:
-		s.keys = semKeys(c.prefix, name)
-		s.sc, s.flag, s.unheld, s.multi = semScripts, "s", "remutex: Release of more permits than held by DistSemaphore", true
-	case kindOnce:
-		s.keys = onceKeys(c.prefix, name)
-		s.sc = onceScripts
-	}
-	s.home = s.keys[0]
-	s.quick = c.newQuick(kind, s.keys)
-	if kind == kindRead {
-		s.home = s.keys[3]
-		s.sc, s.flag, s.unheld, s.read, s.multi = readScripts, "r", "remutex: RUnlock of unlocked DistRWMutex", true, true
-	}
+// newSpec computes the keys and boxed script arguments of a lock of kind k.
+func (c *Client) newSpec(name string, cfg mutexConfig, k *kind) lockSpec {
+	s := lockSpec{kind: k, name: name, sc: k.scripts, keys: k.keysOf(c.prefix, name), lease: cfg.lease, flag: k.flag}
+	s.home = s.keys[k.home]
+	s.quick = c.newQuick(k, s.keys)
 	s.keyArgs = make([]interface{}, len(s.keys))
-	for i, k := range s.keys {
-		s.keyArgs[i] = k
+	for i, key := range s.keys {
+		s.keyArgs[i] = key
 	}
 	s.channel = s.home + releasedInfix + c.id
 	s.ttl = min(cfg.lease, maxQueueTTL)
@@ -159,24 +131,15 @@ func (c *Client) newSpec(name string, cfg mutexConfig, kind lockKind) lockSpec {
 		s.claim = cfg.lease // a fixed lease is granted whole
 	}
 	ms := strconv.FormatInt(cfg.lease.Milliseconds(), 10)
-	s.leaseArg, s.keepArg, s.renewArg = ms, ms, ms
+	s.leaseArg, s.keepArg, s.renewArg = ms, ms, k.renewTag+ms
 	if cfg.noRenew {
 		s.keepArg = "0"
-	}
-	switch kind {
-	case kindRead:
-		s.renewArg = "r" + ms
-	case kindSemaphore:
-		s.renewArg = "p" + ms
 	}
 	s.minHold = cfg.minHold
 	s.claimMs = strconv.FormatInt(s.claim.Milliseconds(), 10)
 	if cfg.fencing {
 		s.fence = fenceOn
-		s.flag = strings.ToUpper(s.flag)
-		if kind == kindMutex || kind == kindOnce {
-			s.flag = "1"
-		}
+		s.flag = k.fencedFlag
 	}
 	return s
 }
@@ -214,9 +177,9 @@ func (c *Client) configure(fn, name string, opts []MutexOption) mutexConfig {
 	return cfg
 }
 
-func (m *DistMutex) init(c *Client, name string, cfg mutexConfig, kind lockKind) {
+func (m *DistMutex) init(c *Client, name string, cfg mutexConfig, k *kind) {
 	m.c = c
-	m.spec = c.newSpec(name, cfg, kind)
+	m.spec = c.newSpec(name, cfg, k)
 	m.renew = !cfg.noRenew
 	m.reentrant = !cfg.nonReentrant
 }

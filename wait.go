@@ -366,7 +366,7 @@ func (a *attempt) wait(ctx context.Context, r reply, err error) (_ bool, failed 
 			}
 			// Granted too late to be valid, and released again: look again.
 		case err == nil && r.code == replyGone:
-			if out := a.told(); out != "" || (a.m.spec.sc == onceScripts && !a.m.c.be.acked()) {
+			if out := a.told(); out != "" || (a.m.spec.records && !a.m.c.be.acked()) {
 				// (A once's entry is gone, most likely, because its run
 				// ended and told the outcome, and the message was missed:
 				// Do reads the records rather than queue again.)

@@ -1,0 +1,74 @@
+package remutex
+
+// kind is one kind of lock, as data: its keys, its scripts, how its queue
+// entries and renewals name it, its uncontended cycle, and what it asks of
+// the deployment. The engine (acquire, wait, release, the watchdog) reads
+// these fields and never asks which kind it serves; a new kind of lock is
+// one more value here and a file of its own for its public type.
+type kind struct {
+	what string // as messages name it: "mutex", "read lock", ...
+	// keysOf returns its keys for a lock name under a prefix (see
+	// lockKeys): the hash, fence and queue first, in that order.
+	keysOf func(prefix, name string) []string
+	// home is the index in its keys of the key its holds live in, which
+	// names the Client's state of the lock and the channel its waiters
+	// hear on.
+	home    int
+	scripts *scriptSet
+	// flag and fencedFlag mark its queue entries (see queue.lua), without
+	// and with WithFencing.
+	flag, fencedFlag string
+	// renewTag is what renew.lua is told of its holds before the lease: ""
+	// a hash field, "r" a reader of a DistRWMutex, "p" a semaphore's
+	// holding.
+	renewTag string
+	unheld   string // the panic of an unlock that holds nothing
+	read     bool   // the read side of a DistRWMutex: its operations are named "r..."
+	// multi: a value may have many holds at once (a DistRWMutex's readers,
+	// a semaphore's acquisitions), so a new hold does not replace one that
+	// is still listed.
+	multi bool
+	// permits: it counts permits (a semaphore): its calls carry the lock's
+	// size, and its queue entries the permits each waiter asks.
+	permits bool
+	// quick returns its uncontended cycle on its keys (see quick), nil
+	// where it has none.
+	quick func(q *quick, keys []string) *quick
+	// records: its final release writes a record that outlives the lock (a
+	// DistOnce's outcome). The release is acknowledged by replicas as a
+	// grant is, and a waiter whose queue entry is gone reads the record
+	// instead of queueing again.
+	records bool
+	// oneDeployment, when set, is why a quorum Client cannot keep this kind
+	// (New... panics with it).
+	oneDeployment string
+}
+
+// The kinds of lock.
+var (
+	mutexKind = &kind{what: "mutex", keysOf: lockKeys, scripts: mutexScripts, flag: "0", fencedFlag: "1",
+		unheld: "remutex: unlock of unlocked mutex", quick: mutexQuick}
+	writeKind = &kind{what: "write lock", keysOf: rwKeys, scripts: writeScripts, flag: "w", fencedFlag: "W",
+		unheld: "remutex: Unlock of unlocked DistRWMutex"}
+	readKind = &kind{what: "read lock", keysOf: rwKeys, home: 3, scripts: readScripts, flag: "r", fencedFlag: "R",
+		renewTag: "r", unheld: "remutex: RUnlock of unlocked DistRWMutex", read: true, multi: true, quick: readQuick}
+	semKind = &kind{what: "semaphore", keysOf: semKeys, scripts: semScripts, flag: "s", fencedFlag: "S",
+		renewTag: "p", unheld: "remutex: Release of more permits than held by DistSemaphore", multi: true, permits: true,
+		quick: semQuick,
+		oneDeployment: "a quorum Client cannot bound a count by majorities " +
+			"(three servers and two permits let three holders each win a majority): use a Client of one deployment"}
+	// A DistOnce's lock is a mutex on keys of its own whose final release
+	// records the run's outcome (once_release.lua).
+	onceKind = &kind{what: "once", keysOf: onceKeys, scripts: onceScripts, flag: "0", fencedFlag: "1",
+		unheld: "remutex: unlock of unlocked mutex", quick: mutexQuick, records: true,
+		oneDeployment: "a quorum Client cannot keep \"done\" exact (its servers may lose their data " +
+			"unpersisted, and a majority that read past the server that kept the record would run f again): " +
+			"use a Client of one deployment"}
+)
+
+// refuseQuorum panics, for New<fn>, if c cannot keep a lock of kind k.
+func (c *Client) refuseQuorum(fn string, k *kind) {
+	if k.oneDeployment != "" && !c.be.exact() {
+		panic("remutex: " + fn + ": " + k.oneDeployment)
+	}
+}
