@@ -308,24 +308,17 @@ func (n *node) ackedAcquire(ctx context.Context, s *lockSpec, owner interface{},
 
 // ackedRound is ackedAcquire's round trip, run by the drainer.
 func (n *node) ackedRound(ctx context.Context, s *lockSpec, owner interface{}, args []interface{}) (reply, error) {
-	t, err := n.masterFor(ctx, s.hash())
+	v, short, err := n.ackedSend(ctx, s, &call{s: s.sc.acquire, keys: s.keyArgs, args: args})
 	if err != nil {
 		return reply{}, err
-	}
-	cl := &call{s: s.sc.acquire, keys: s.keyArgs, args: args}
-	acks := n.send(ctx, t, []*call{cl}, true, true)
-	v, err := cl.cmd.Result()
-	if err != nil {
-		n.reloadAfter(err)
-		return reply{}, scriptError(err)
 	}
 	r, err := parseReply(v)
 	if err != nil || r.code != replyGranted {
 		return r, err
 	}
-	if err := n.ackErr(acks); err != nil {
+	if short != nil {
 		postRelease(ctx, n, s, owner, "0") // posted: the drainer sends it next round
-		return reply{}, err
+		return reply{}, short
 	}
 	return r, nil
 }
@@ -342,25 +335,32 @@ func (n *node) ackedCall(ctx context.Context, s *lockSpec, cl *call) (interface{
 	var v interface{}
 	var err error
 	jerr := n.batch.job(ctx, func(ctx context.Context) {
-		t, terr := n.masterFor(ctx, s.hash())
-		if terr != nil {
-			err = terr
-			return
-		}
-		acks := n.send(ctx, t, []*call{cl}, true, true)
-		if v, err = cl.cmd.Result(); err != nil {
-			n.reloadAfter(err)
-			err = scriptError(err)
-			return
-		}
-		if aerr := n.ackErr(acks); aerr != nil {
-			err = final{aerr}
+		var short error
+		if v, short, err = n.ackedSend(ctx, s, cl); err == nil && short != nil {
+			err = final{short}
 		}
 	})
 	if jerr != nil {
 		return nil, jerr
 	}
 	return v, err
+}
+
+// ackedSend is the round trip of ackedRound and ackedCall, run by the
+// drainer: cl, then WAIT on the same connection. It returns cl's reply and
+// why the acknowledgements fell short of WithReplicaAck (nil if they did
+// not).
+func (n *node) ackedSend(ctx context.Context, s *lockSpec, cl *call) (v interface{}, short, err error) {
+	t, err := n.masterFor(ctx, s.hash())
+	if err != nil {
+		return nil, nil, err
+	}
+	acks := n.send(ctx, t, []*call{cl}, true, true)
+	if v, err = cl.cmd.Result(); err != nil {
+		n.reloadAfter(err)
+		return nil, nil, scriptError(err)
+	}
+	return v, n.ackErr(acks), nil
 }
 
 // ackErr says why a WAIT reply falls short of WithReplicaAck, or nil.

@@ -4,10 +4,7 @@ package remutex
 // waited for ended: the run's final release told it the outcome, or its
 // queue entry was found gone (see once_release.lua, Client.tellOutcome).
 
-import (
-	"context"
-	"time"
-)
+import "context"
 
 // told returns the outcome of the DistOnce run the attempt waited for, if
 // the run's final release told it (see Client.tellOutcome); else "". Where
@@ -34,8 +31,7 @@ func (a *attempt) told() string {
 // does.
 func (a *attempt) ended(ctx context.Context, outcome string) (bool, error) {
 	if a.again {
-		m := a.m
-		_ = m.c.be.leave(postCtx(ctx, max(m.spec.lease, time.Second)), &m.spec, a.owner, a.entries())
+		a.postLeave(ctx)
 	}
 	return false, &runEnded{outcome: outcome}
 }

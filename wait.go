@@ -230,6 +230,14 @@ func (a *attempt) giveBack(ctx context.Context) {
 		postRelease(ctx, m.c.be, &m.spec, a.owner, "0")
 		return
 	}
+	a.postLeave(ctx)
+}
+
+// postLeave posts the leave of the attempt's entries, with a grant they
+// may have got meanwhile, behind its latest call (see postCtx): it is not
+// waited for. It has until the lease (at least a second) to reach Redis.
+func (a *attempt) postLeave(ctx context.Context) {
+	m := a.m
 	_ = m.c.be.leave(postCtx(ctx, max(m.spec.lease, time.Second)), &m.spec, a.owner, a.entries())
 }
 
@@ -565,8 +573,7 @@ func (a *attempt) claim(ctx context.Context, g grant) (bool, error) {
 // is dropped when its turn comes once the Client no longer listens (or with
 // the queue, when nobody refreshes it), and a grant ends by its claim lease.
 func (a *attempt) giveUp(ctx context.Context, cause error) (bool, error) {
-	m := a.m
-	_ = m.c.be.leave(postCtx(ctx, max(m.spec.lease, time.Second)), &m.spec, a.owner, a.entries())
+	a.postLeave(ctx)
 	if ctx.Err() != nil && cause == ctx.Err() {
 		return false, ctxErr(ctx, a.lastErr)
 	}
