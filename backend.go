@@ -231,6 +231,3 @@ func rollback(ctx context.Context, b backend, s *lockSpec, owner, keep interface
 func postRelease(ctx context.Context, b backend, s *lockSpec, owner, keep interface{}) {
 	_, _ = b.release(postCtx(ctx, s.lease), s, owner, 0, keep)
 }
-
-// rollbackTimeout bounds a rollback: past it the lease ends the hold.
-const rollbackTimeout = time.Second

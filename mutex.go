@@ -539,11 +539,6 @@ func ctxErr(ctx context.Context, last error) error {
 	return fmt.Errorf("%w (last error: %w)", ctx.Err(), last)
 }
 
-// warnEvery is the least time between two log lines of a lock's retried
-// errors: a Redis that is down (or a wrong address) would otherwise log a
-// line per retry and lock, beside the redis client's own.
-const warnEvery = 10 * time.Second
-
 // warnRetry logs a transient error that op retries, at most once per
 // warnEvery for the lock, with the number of errors it did not log since.
 func (m *DistMutex) warnRetry(op string, err error) {

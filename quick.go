@@ -40,9 +40,6 @@ type quick struct {
 	until   *atomic.Int64 // unix ns: contended until then (Client.contended)
 }
 
-// contendedFor is how long a lock seen contended is sent the full scripts.
-const contendedFor = time.Second
-
 // newQuick returns the uncontended cycle of a lock of kind k on keys (see
 // lockKeys, rwKeys), or nil where there is none.
 func (c *Client) newQuick(k *kind, keys []string) *quick {

@@ -196,16 +196,3 @@ func checkName(name string) error {
 	}
 	return nil
 }
-
-// Tuning of the wait path. They are not options: the benchmarks chose them.
-const (
-	// maxQueueTTL is the TTL every waiter's call gives the lock's queue
-	// (queue_keep in enqueue.lua), so that a queue whose waiters all died
-	// is gone within it; a waiter calls again every third of that (of its
-	// lease, if shorter). A grant carries a claim lease of the same length
-	// until the watchdog extends it.
-	maxQueueTTL = 750 * time.Millisecond
-	// linger is how long a lock's subscription is kept after its last local
-	// waiter left, to spare subscribe/unsubscribe churn under contention.
-	linger = 250 * time.Millisecond
-)

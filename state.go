@@ -121,10 +121,6 @@ type early struct {
 	at      time.Time
 }
 
-// maxEarly bounds the messages kept for waiters not registered yet; they
-// are kept no longer than an entry lives without a refresh.
-const maxEarly = 64
-
 // keepEarlyLocked keeps a message whose waiter is not registered (yet).
 func (st *lockState) keepEarlyLocked(e early) {
 	keep := st.early[:0]
@@ -394,12 +390,6 @@ func (c *Client) loseLocked(h *hold, cause error) []notice {
 	ev.Reason = lossReason(cause)
 	return []notice{{err: err, ev: ev, ctxs: h.takeContextsLocked(), cause: err}}
 }
-
-// maxEnded bounds the lost holds of a Client's goroutines that wait for
-// their Unlocks (a hold of a fixed lease that is never unlocked, say). Past
-// it the oldest is forgotten: its goroutine's Unlock then panics as an
-// unlock of an unlocked mutex would.
-const maxEnded = 1024
 
 // endLocked keeps h, just lost, for the Unlocks its goroutine owes: folded
 // into an earlier lost hold of the same goroutine and lock, whose Unlocks
