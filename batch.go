@@ -250,7 +250,7 @@ func (b *batcher) waitRefused(ctx context.Context, p *pending, refused <-chan st
 	case <-ctx.Done():
 		b.abandon(p)
 		return ctx.Err()
-	case <-b.n.subscriber.c.closing:
+	case <-b.n.subscriber.to.done():
 		// Close: nobody waits for Redis any more.
 		b.abandon(p)
 		return ErrClosed
@@ -336,7 +336,7 @@ func (b *batcher) retries(again []*pending, bo *backoff) []*pending {
 	closing := false
 	select {
 	case <-t.C:
-	case <-b.n.subscriber.c.closing:
+	case <-b.n.subscriber.to.done():
 		closing = true
 	}
 	keep, now := again[:0], time.Now()

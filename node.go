@@ -45,7 +45,7 @@ func newNode(c *Client, rdb redis.UniversalClient, handoff bool) *node {
 		n.pubs = [3]string{"publish", "spublish", "pUBLISH"}
 	}
 	_, n.cluster = rdb.(*redis.ClusterClient)
-	n.subscriber.c, n.subscriber.n = c, n
+	n.subscriber.to, n.subscriber.n = c, n
 	n.batch.n = n
 	n.batch.stopped, n.batch.stop = context.WithCancel(context.Background())
 	n.dials = watchDials(rdb)

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"net"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -33,14 +31,28 @@ import (
 // the slot lives. When SUBSCRIBE is denied (ACL NOPERM), waiters fall back
 // to polling with bounded backoff; this is logged once.
 type subscriber struct {
-	c       *Client // whose waiters hear the messages
-	n       *node   // whose server the connections go to
+	to      listener // whose waiters hear the messages
+	n       *node    // whose server the connections go to
 	mu      sync.Mutex
 	closed  bool
 	denied  bool
 	chans   map[string]*subEntry
 	conns   map[string]*psConn // by node address; "" for the one unsharded connection
 	readers sync.WaitGroup
+}
+
+// listener is the engine's side of a node's pub/sub: the waiters that hear
+// the messages. The subscriber hands it every message as it reads it (no
+// goroutine between), and tells it when messages may have been missed.
+type listener interface {
+	// dispatch takes a message on a lock's channel.
+	dispatch(channel, payload string)
+	// wakeAll makes every waiter look again: messages may have been
+	// missed (a connection lost, a slot moved, SUBSCRIBE denied).
+	wakeAll()
+	// done is closed when the Client closes: the connections' writers
+	// stop, and so do the batcher's waits.
+	done() <-chan struct{}
 }
 
 // psConn is one pub/sub connection, its reader and its writer.
@@ -120,7 +132,7 @@ func (s *subscriber) ready(channel string) <-chan struct{} {
 func (s *subscriber) subscribeLocked(channel string, e *subEntry) {
 	conn, err := s.connLocked(channel)
 	if err != nil {
-		s.c.log.Debug("remutex: no pub/sub connection yet", "channel", channel, "err", err)
+		s.n.log.Debug("remutex: no pub/sub connection yet", "channel", channel, "err", err)
 		return
 	}
 	e.conn = conn
@@ -147,7 +159,7 @@ func (s *subscriber) write(conn *psConn) {
 	for {
 		select {
 		case <-conn.kick:
-		case <-s.c.closing:
+		case <-s.to.done():
 			return
 		case <-conn.retired:
 			return
@@ -173,7 +185,7 @@ func (s *subscriber) write(conn *psConn) {
 				err = conn.ps.Unsubscribe(ctx, op.channel)
 			}
 			if err != nil {
-				s.c.log.Debug("remutex: (un)subscribe failed", "channel", op.channel, "subscribe", op.sub, "err", err)
+				s.n.log.Debug("remutex: (un)subscribe failed", "channel", op.channel, "subscribe", op.sub, "err", err)
 			}
 		}
 	}
@@ -285,11 +297,11 @@ func (s *subscriber) run(conn *psConn) {
 			if conn.sharded {
 				s.rehome(conn)
 			}
-			s.c.wakeAll()
+			s.to.wakeAll()
 			t := time.NewTimer(bo.next())
 			select {
 			case <-t.C:
-			case <-s.c.closing:
+			case <-s.to.done():
 			}
 			t.Stop()
 			continue
@@ -305,7 +317,7 @@ func (s *subscriber) run(conn *psConn) {
 				s.moved(conn, m.Channel)
 			}
 		case *redis.Message:
-			s.c.dispatch(m.Channel, m.Payload)
+			s.to.dispatch(m.Channel, m.Payload)
 		}
 	}
 }
@@ -363,9 +375,9 @@ func (s *subscriber) retire(conn *psConn) {
 		}
 	}
 	s.mu.Unlock()
-	s.c.log.Warn("remutex: pub/sub connection did not answer a ping; subscribing again on a new one", "addr", conn.addr)
+	s.n.log.Warn("remutex: pub/sub connection did not answer a ping; subscribing again on a new one", "addr", conn.addr)
 	_ = conn.ps.Close()
-	s.c.wakeAll()
+	s.to.wakeAll()
 }
 
 // sweep unsubscribes the connection's channels that lingered out and returns
@@ -403,7 +415,7 @@ func (s *subscriber) confirm(channel string) {
 	s.mu.Unlock()
 	if again {
 		// Subscribed again after a reconnect: a release may have been missed.
-		s.c.wakeAll()
+		s.to.wakeAll()
 	}
 }
 
@@ -420,110 +432,6 @@ func (s *subscriber) deny(err error) {
 	}
 	s.mu.Unlock()
 	if first {
-		s.c.log.Warn("remutex: SUBSCRIBE denied; waiters poll with backoff instead", "err", err)
-	}
-}
-
-// dispatch hands a message on the Client's channel of a lock to the local
-// waiter it names:
-//
-//	"w <entry>"           a quorum's: the lock is free, entry may take it
-//	"g <fence> <entry>"   a single server's: the lock was handed to entry
-//	"o <outcome>\n<entry> <entry> ..."
-//	                      a DistOnce's run ended with outcome, and the
-//	                      entries, which waited for it, left the queue
-//	                      (see tellOutcome)
-//
-// A message for an entry without a local waiter is kept a while, for a
-// waiter whose call queued it but has not returned yet (see
-// keepEarlyLocked); a wake-up also goes to the lock's first local waiter.
-// Otherwise the message is moot: its waiter left the queue with a leave call
-// that also released a grant, or learnt of it from its own call.
-func (c *Client) dispatch(channel, payload string) {
-	key, ok := strings.CutSuffix(channel, releasedInfix+c.id)
-	if !ok {
-		return
-	}
-	kind, rest, _ := strings.Cut(payload, " ")
-	if kind == "o" {
-		c.tellOutcome(key, rest)
-		return
-	}
-	var g grant
-	if kind == "g" {
-		f, entry, ok := strings.Cut(rest, " ")
-		if !ok {
-			return
-		}
-		g.fence, _ = strconv.ParseInt(f, 10, 64)
-		rest = entry
-	}
-	wait, at, ok := parseGrantEntry(rest)
-	if !ok {
-		return
-	}
-	g.at = at
-	granted := kind == "g"
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	st := c.stateOfLocked(key)
-	for _, w := range st.waiters {
-		if w.key == wait {
-			// (Of two grants of one wait, the later entry's is valid longer.)
-			if granted && (!w.granted || g.at > w.grant.at) {
-				w.granted, w.grant = true, g
-			}
-			w.signal()
-			return
-		}
-	}
-	// The entry's waiter may not be registered yet: its call, which queued
-	// it, can return after the message came.
-	st.keepEarlyLocked(early{key: wait, granted: granted, grant: g, at: time.Now()})
-	if kind == "w" && len(st.waiters) > 0 {
-		st.waiters[0].signal()
-	}
-}
-
-// tellOutcome hands the outcome of a DistOnce's run ("d" or "e<record>",
-// see once_release.lua) to the local waiters of the entries the run's final
-// release named: each of them returns from its Do with it, without a call.
-// The release removed the entries, so a waiter that does not hear it finds
-// its entry gone at its next call, and then the outcome in Redis.
-func (c *Client) tellOutcome(key, msg string) {
-	outcome, entries, ok := strings.Cut(msg, "\n")
-	if !ok || outcome == "" {
-		return
-	}
-	now := time.Now()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	st := c.stateOfLocked(key)
-next:
-	for _, e := range strings.Split(entries, " ") {
-		wait, _, ok := parseGrantEntry(e)
-		if !ok {
-			continue
-		}
-		for _, w := range st.waiters {
-			if w.key == wait {
-				w.told = outcome
-				w.signal()
-				continue next
-			}
-		}
-		// (Its call, which queued it, may not have returned yet.)
-		st.keepEarlyLocked(early{key: wait, told: outcome, at: now})
-	}
-}
-
-// wakeAll makes every waiter of the Client look again.
-func (c *Client) wakeAll() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for _, st := range c.locks {
-		for _, w := range st.waiters {
-			w.signal()
-		}
+		s.n.log.Warn("remutex: SUBSCRIBE denied; waiters poll with backoff instead", "err", err)
 	}
 }

@@ -112,7 +112,7 @@ func (s *subscriber) follow(conn *psConn, chans []string) {
 			t.Reset(5 * time.Millisecond)
 			select {
 			case <-t.C:
-			case <-s.c.closing:
+			case <-s.to.done():
 				return
 			}
 		}
@@ -124,7 +124,7 @@ func (s *subscriber) follow(conn *psConn, chans []string) {
 		}
 	}
 	s.mu.Unlock()
-	s.c.wakeAll()
+	s.to.wakeAll()
 }
 
 // sharded reports whether release messages use sharded pub/sub: on a
