@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/remutex/remutex/internal/wire"
 )
 
 // Inspection and forced release: what an operator needs to see who holds a
@@ -216,17 +218,17 @@ type adminKind struct {
 
 // adminKinds are the kinds of lock, in the order Inspect reports them.
 var adminKinds = [...]adminKind{
-	{name: "mutex", keys: lockKeys, roles: "hfq", side: func(Holder) *kind { return mutexKind }},
-	{name: "rwmutex", keys: rwKeys, roles: "hfqr", side: func(h Holder) *kind {
+	{name: "mutex", keys: wire.LockKeys, roles: "hfq", side: func(Holder) *kind { return mutexKind }},
+	{name: "rwmutex", keys: wire.RWKeys, roles: "hfqr", side: func(h Holder) *kind {
 		if h.Read {
 			return readKind
 		}
 		return writeKind
 	}},
-	{name: "semaphore", keys: semKeys, roles: "pfqs", side: func(Holder) *kind { return semKind }},
+	{name: "semaphore", keys: wire.SemKeys, roles: "pfqs", side: func(Holder) *kind { return semKind }},
 	// A DistOnce's lock (its runner and waiters; its records are read by
 	// Client.InspectOnce).
-	{name: "once", keys: onceLockKeys, roles: "hfq", side: func(Holder) *kind { return onceKind }},
+	{name: "once", keys: wire.OnceLockKeys, roles: "hfq", side: func(Holder) *kind { return onceKind }},
 }
 
 // adminRoles is inspect.lua's ARGV[1]: the roles of every kind's keys.

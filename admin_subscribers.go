@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/remutex/remutex/internal/wire"
 )
 
 // Counting the Clients that listen for a lock's messages, for Inspect's
@@ -54,7 +55,7 @@ func (n *node) subscribers(ctx context.Context, t *adminTarget, infos []LockInfo
 func (t *adminTarget) channelKind(ch string) int {
 	for i := range adminKinds {
 		for _, home := range t.homes(i) {
-			id, ok := strings.CutPrefix(ch, home+releasedInfix)
+			id, ok := strings.CutPrefix(ch, home+wire.ReleasedInfix)
 			if ok && id != "" && !strings.Contains(id, ":") {
 				return i
 			}

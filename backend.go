@@ -4,8 +4,9 @@ import (
 	"context"
 	"fmt"
 	"strconv"
-	"strings"
 	"time"
+
+	"github.com/remutex/remutex/internal/wire"
 )
 
 // Reply codes of acquire.lua and release.lua.
@@ -86,46 +87,10 @@ func (r *acquireReq) entryArg(s *lockSpec) string {
 	return "+" + p.prev + "|" + e
 }
 
-// entryString is a queue entry (see queue.lua):
-// <claim ms>:<flag>:<wait id>-<at>.<arrival ms>:<owner>; a semaphore's
-// waiter adds its request after the arrival (<wait id>-<at>.<arrival
-// ms>.<permits>, see sem.lua). The arrival, unix ms, is for Client.Inspect.
-// at is the send time of the call that wrote the entry, in ms since its
-// Client's epoch on the monotonic clock, rounded down: every call that finds
-// the entry queued writes its own, so a grant of the entry, which names it
-// as it stood, tells its waiter a time before the grant was made, from
-// which the grant's claim lease counts (see attempt.claim).
+// entryString is the queue entry of a wait (see wire.Entry) of lock s.
 func entryString(s *lockSpec, wait uint64, at, arrival int64, permits int, owner string) string {
-	e := s.claimMs + ":" + s.flag + ":" + strconv.FormatUint(wait, 10) + "-" + strconv.FormatInt(at, 10) + "." + strconv.FormatInt(arrival, 10)
-	if s.permits {
-		e += "." + strconv.Itoa(permits)
-	}
-	return e + ":" + owner
-}
-
-// waitKey names a wait of owner with wait id wait: what the entries of one
-// wait have in common, whatever send time they carry.
-func waitKey(wait uint64, owner string) string {
-	return strconv.FormatUint(wait, 10) + ":" + owner
-}
-
-// parseGrantEntry returns the wait key of a queue entry named by a message,
-// and the send time it carries; ok false if it is not an entry.
-func parseGrantEntry(e string) (key string, at int64, ok bool) {
-	parts := strings.SplitN(e, ":", 4)
-	if len(parts) != 4 {
-		return "", 0, false
-	}
-	wait, rest, ok := strings.Cut(parts[2], "-")
-	if !ok {
-		return "", 0, false
-	}
-	ms, _, _ := strings.Cut(rest, ".")
-	at, err := strconv.ParseInt(ms, 10, 64)
-	if err != nil {
-		return "", 0, false
-	}
-	return wait + ":" + parts[3], at, true
+	return wire.Entry{ClaimMs: s.claimMs, Flag: s.flag, Wait: wait, At: at, Arrival: arrival,
+		Permits: permits, WithPermits: s.permits, Owner: owner}.String()
 }
 
 // backend is where a Client's locks live: one Redis deployment (node) or a

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/remutex/remutex/internal/wire"
 )
 
 // ErrEvictionPolicy reports a Redis server whose maxmemory-policy may evict
@@ -419,7 +420,7 @@ const checkSubscribeBound = 10 * time.Second
 // run scripts that touch no key, is about the keys.
 func (n *node) checkPermissions(ctx context.Context, c *Client, sharded bool) (broken, degraded []error) {
 	base := c.prefix + "{remutex-check." + c.id + "}"
-	channel := base + releasedInfix + c.id
+	channel := base + wire.ReleasedInfix + c.id
 	pub, count := "publish", "numsub"
 	if sharded {
 		pub, count = "spublish", "shardnumsub"

@@ -6,22 +6,17 @@ package remutex
 // and signals it.
 
 import (
-	"strconv"
 	"strings"
 	"time"
+
+	"github.com/remutex/remutex/internal/wire"
 )
 
 func (c *Client) done() <-chan struct{} { return c.closing }
 
-// dispatch hands a message on the Client's channel of a lock to the local
-// waiter it names:
-//
-//	"w <entry>"           a quorum's: the lock is free, entry may take it
-//	"g <fence> <entry>"   a single server's: the lock was handed to entry
-//	"o <outcome>\n<entry> <entry> ..."
-//	                      a DistOnce's run ended with outcome, and the
-//	                      entries, which waited for it, left the queue
-//	                      (see tellOutcome)
+// dispatch hands a message on the Client's channel of a lock (see
+// wire.Message) to the local waiter it names: a grant, a wake-up, or the
+// outcome of a DistOnce's run (see tellOutcome).
 //
 // A message for an entry without a local waiter is kept a while, for a
 // waiter whose call queued it but has not returned yet (see
@@ -29,35 +24,24 @@ func (c *Client) done() <-chan struct{} { return c.closing }
 // Otherwise the message is moot: its waiter left the queue with a leave call
 // that also released a grant, or learnt of it from its own call.
 func (c *Client) dispatch(channel, payload string) {
-	key, ok := strings.CutSuffix(channel, releasedInfix+c.id)
+	key, ok := strings.CutSuffix(channel, wire.ReleasedInfix+c.id)
 	if !ok {
 		return
 	}
-	kind, rest, _ := strings.Cut(payload, " ")
-	if kind == "o" {
-		c.tellOutcome(key, rest)
+	msg, ok := wire.ParseMessage(payload)
+	switch {
+	case !ok:
+		return
+	case msg.Kind == "o":
+		c.tellOutcome(key, msg.Outcome, msg.Entries)
 		return
 	}
-	var g grant
-	if kind == "g" {
-		f, entry, ok := strings.Cut(rest, " ")
-		if !ok {
-			return
-		}
-		g.fence, _ = strconv.ParseInt(f, 10, 64)
-		rest = entry
-	}
-	wait, at, ok := parseGrantEntry(rest)
-	if !ok {
-		return
-	}
-	g.at = at
-	granted := kind == "g"
+	g, granted := grant{fence: msg.Fence, at: msg.At}, msg.Grant()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	st := c.stateOfLocked(key)
 	for _, w := range st.waiters {
-		if w.key == wait {
+		if w.key == msg.Wait {
 			// (Of two grants of one wait, the later entry's is valid longer.)
 			if granted && (!w.granted || g.at > w.grant.at) {
 				w.granted, w.grant = true, g
@@ -68,8 +52,8 @@ func (c *Client) dispatch(channel, payload string) {
 	}
 	// The entry's waiter may not be registered yet: its call, which queued
 	// it, can return after the message came.
-	st.keepEarlyLocked(early{key: wait, granted: granted, grant: g, at: time.Now()})
-	if kind == "w" && len(st.waiters) > 0 {
+	st.keepEarlyLocked(early{key: msg.Wait, granted: granted, grant: g, at: time.Now()})
+	if msg.Kind == "w" && len(st.waiters) > 0 {
 		st.waiters[0].signal()
 	}
 }
@@ -79,18 +63,14 @@ func (c *Client) dispatch(channel, payload string) {
 // release named: each of them returns from its Do with it, without a call.
 // The release removed the entries, so a waiter that does not hear it finds
 // its entry gone at its next call, and then the outcome in Redis.
-func (c *Client) tellOutcome(key, msg string) {
-	outcome, entries, ok := strings.Cut(msg, "\n")
-	if !ok || outcome == "" {
-		return
-	}
+func (c *Client) tellOutcome(key, outcome, entries string) {
 	now := time.Now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	st := c.stateOfLocked(key)
 next:
 	for _, e := range strings.Split(entries, " ") {
-		wait, _, ok := parseGrantEntry(e)
+		wait, _, ok := wire.ParseEntry(e)
 		if !ok {
 			continue
 		}

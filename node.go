@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/remutex/remutex/internal/wire"
 )
 
 // replicaAck is WithReplicaAck: writes wait for this many replicas.
@@ -508,7 +509,7 @@ func (n *node) renewBatches(items []renewItem) []renewBatch {
 	for i, it := range items {
 		slot := 0
 		if n.cluster {
-			slot = keySlot(it.key)
+			slot = wire.Slot(it.key)
 		}
 		groups[slot] = append(groups[slot], i)
 	}

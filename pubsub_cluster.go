@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/remutex/remutex/internal/wire"
 )
 
 // Redis Cluster's side of the subscriber: shard channels follow their slot
@@ -72,7 +73,7 @@ func (s *subscriber) redirected(conn *psConn, err error) {
 	var chans []string
 	s.mu.Lock()
 	for ch, e := range s.chans {
-		if e.conn == conn && keySlot(ch) == slot {
+		if e.conn == conn && wire.Slot(ch) == slot {
 			s.detachLocked(conn, ch, e)
 			chans = append(chans, ch)
 		}

@@ -4,9 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
+
+	"github.com/remutex/remutex/internal/wire"
 )
 
 // lockSpec is what the scripts need of one lock (a DistMutex, or one side
@@ -39,40 +40,6 @@ type lockSpec struct {
 
 func (s *lockSpec) hash() string { return s.home }
 
-// Key names of lock name under prefix: they all begin with P{name}, so that
-// they share one cluster slot.
-func lockKeys(prefix, name string) []string { return keysFrom(prefix + "{" + name + "}") }
-
-// rwKeys are the keys of the read/write lock called name, apart from the
-// mutex's: P{name}:rw and its fence, queue and readers.
-func rwKeys(prefix, name string) []string {
-	base := prefix + "{" + name + "}:rw"
-	return append(keysFrom(base), base+":readers")
-}
-
-// semKeys are the keys of the semaphore called name: P{name}:sem (its
-// holders) and its fence, queue and size.
-func semKeys(prefix, name string) []string {
-	base := prefix + "{" + name + "}:sem"
-	return append(keysFrom(base), base+":size")
-}
-
-// onceKeys are the keys of the once called name: its lock P{name}:once
-// (and that lock's fence counter and queue), its done record
-// P{name}:once:done and its error record P{name}:once:err. They are its
-// own, so that a mutex of the same name never meets its hold.
-func onceKeys(prefix, name string) []string {
-	base := prefix + "{" + name + "}:once"
-	return append(keysFrom(base), base+":done", base+":err")
-}
-
-// onceLockKeys are the keys of a once's lock alone (see onceKeys).
-func onceLockKeys(prefix, name string) []string { return onceKeys(prefix, name)[:3] }
-
-func keysFrom(base string) []string {
-	return []string{base, base + ":fence", base + ":waiting"}
-}
-
 // keyCounts are the boxed key counts of script calls, which is what
 // ClusterClient looks at to route them.
 var keyCounts = func() (a [maxBatch + 1]interface{}) {
@@ -81,39 +48,6 @@ var keyCounts = func() (a [maxBatch + 1]interface{}) {
 	}
 	return a
 }()
-
-// hashTag returns the part of key Redis Cluster hashes: the text between the
-// first '{' and the next '}', or "" when that is empty or missing.
-func hashTag(key string) string {
-	_, rest, ok := strings.Cut(key, "{")
-	if !ok {
-		return ""
-	}
-	tag, _, ok := strings.Cut(rest, "}")
-	if !ok {
-		return ""
-	}
-	return tag
-}
-
-// keySlot is Redis Cluster's slot of key: CRC16 of its hash tag mod 16384.
-func keySlot(key string) int {
-	if tag := hashTag(key); tag != "" {
-		key = tag
-	}
-	var crc uint16
-	for i := 0; i < len(key); i++ {
-		crc ^= uint16(key[i]) << 8
-		for b := 0; b < 8; b++ {
-			if crc&0x8000 != 0 {
-				crc = crc<<1 ^ 0x1021
-			} else {
-				crc <<= 1
-			}
-		}
-	}
-	return int(crc) % 16384
-}
 
 // newSpec computes the keys and boxed script arguments of a lock of kind k.
 func (c *Client) newSpec(name string, cfg mutexConfig, k *kind) lockSpec {
@@ -124,7 +58,7 @@ func (c *Client) newSpec(name string, cfg mutexConfig, k *kind) lockSpec {
 	for i, key := range s.keys {
 		s.keyArgs[i] = key
 	}
-	s.channel = s.home + releasedInfix + c.id
+	s.channel = s.home + wire.ReleasedInfix + c.id
 	s.ttl = min(cfg.lease, maxQueueTTL)
 	s.claim = s.ttl
 	if cfg.noRenew {
@@ -143,8 +77,6 @@ func (c *Client) newSpec(name string, cfg mutexConfig, k *kind) lockSpec {
 	}
 	return s
 }
-
-const releasedInfix = ":released:"
 
 // configure checks what NewMutex or NewRWMutex (fn) was given, panicking
 // with a message that says what is wrong.

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"strconv"
 	"time"
+
+	"github.com/remutex/remutex/internal/wire"
 )
 
 // attempt is one goroutine's effort to take a lock it does not hold, from
@@ -219,7 +221,7 @@ func (a *attempt) entries() string {
 }
 
 // key names the attempt's wait in the messages of its grants (see waitKey).
-func (a *attempt) key() string { return waitKey(a.waitID, a.entryOwnerString()) }
+func (a *attempt) key() string { return wire.WaitKey(a.waitID, a.entryOwnerString()) }
 
 // giveBack posts the release of a grant the attempt will not take, and,
 // for a wait, the leave of its entries (what the grant did not take from the

@@ -1,0 +1,126 @@
+package wire
+
+import (
+	"slices"
+	"strings"
+	"testing"
+)
+
+// TestKeys: the key names are a contract between versions; these are
+// today's, letter for letter.
+func TestKeys(t *testing.T) {
+	for _, tc := range []struct {
+		what string
+		got  []string
+		want []string
+	}{
+		{"LockKeys", LockKeys("remutex:", "job"), []string{"remutex:{job}", "remutex:{job}:fence", "remutex:{job}:waiting"}},
+		{"RWKeys", RWKeys("p:", "cfg"), []string{"p:{cfg}:rw", "p:{cfg}:rw:fence", "p:{cfg}:rw:waiting", "p:{cfg}:rw:readers"}},
+		{"SemKeys", SemKeys("p:", "gpu"), []string{"p:{gpu}:sem", "p:{gpu}:sem:fence", "p:{gpu}:sem:waiting", "p:{gpu}:sem:size"}},
+		{"OnceKeys", OnceKeys("p:", "m"), []string{"p:{m}:once", "p:{m}:once:fence", "p:{m}:once:waiting", "p:{m}:once:done", "p:{m}:once:err"}},
+		{"OnceLockKeys", OnceLockKeys("p:", "m"), []string{"p:{m}:once", "p:{m}:once:fence", "p:{m}:once:waiting"}},
+	} {
+		if !slices.Equal(tc.got, tc.want) {
+			t.Errorf("%s: got %q, want %q", tc.what, tc.got, tc.want)
+		}
+		for _, k := range tc.got {
+			if Slot(k) != Slot(tc.got[0]) {
+				t.Errorf("%s: %q is in slot %d, %q in %d", tc.what, k, Slot(k), tc.got[0], Slot(tc.got[0]))
+			}
+		}
+	}
+}
+
+// TestSlot: Redis Cluster's slots of known keys (CLUSTER KEYSLOT).
+func TestSlot(t *testing.T) {
+	for key, want := range map[string]int{
+		"foo": 12182, "bar": 5061, "hello": 866, "": 0,
+		"{user1000}.following": 3443, "{user1000}.followers": 3443, "user1000": 3443,
+		"{}.x": Slot("{}.x"), "foo{}{bar}": Slot("foo{}{bar}"), "foo{{bar}}zap": Slot("{bar"),
+	} {
+		if got := Slot(key); got != want {
+			t.Errorf("Slot(%q): got %d, want %d", key, got, want)
+		}
+	}
+	for key, want := range map[string]string{"a{b}c": "b", "{}x": "", "x{": "", "a{b{c}d}": "b{c", "none": ""} {
+		if got := HashTag(key); got != want {
+			t.Errorf("HashTag(%q): got %q, want %q", key, got, want)
+		}
+	}
+}
+
+// TestEntry: an entry's text, as the scripts keep it, and what a message
+// naming it tells its waiter.
+func TestEntry(t *testing.T) {
+	e := Entry{ClaimMs: "750", Flag: "1", Wait: 7, At: 1234, Arrival: 1700000000000, Owner: "cid:g5:3"}
+	if got, want := e.String(), "750:1:7-1234.1700000000000:cid:g5:3"; got != want {
+		t.Errorf("String: got %q, want %q", got, want)
+	}
+	e.Permits, e.WithPermits, e.Flag = 3, true, "S"
+	if got, want := e.String(), "750:S:7-1234.1700000000000.3:cid:g5:3"; got != want {
+		t.Errorf("String with permits: got %q, want %q", got, want)
+	}
+	key, at, ok := ParseEntry(e.String())
+	if !ok || key != WaitKey(7, "cid:g5:3") || at != 1234 {
+		t.Errorf("ParseEntry: got %q %d %v, want %q 1234 true", key, at, ok, WaitKey(7, "cid:g5:3"))
+	}
+	for _, bad := range []string{"", "750:1:7", "750:1:7.1234:o", "750:1:7-x.1:o", "750:1:7-:o"} {
+		if _, _, ok := ParseEntry(bad); ok {
+			t.Errorf("ParseEntry(%q): ok, want not an entry", bad)
+		}
+	}
+}
+
+// TestParseMessage: each kind of message, and what is not one.
+func TestParseMessage(t *testing.T) {
+	entry := Entry{ClaimMs: "750", Flag: "0", Wait: 2, At: 99, Arrival: 5, Owner: "o:1"}.String()
+	for _, tc := range []struct {
+		payload string
+		want    Message
+		ok      bool
+	}{
+		{"g 42 " + entry, Message{Kind: "g", Fence: 42, Wait: "2:o:1", At: 99}, true},
+		{"g 0 " + entry, Message{Kind: "g", Wait: "2:o:1", At: 99}, true},
+		{"w " + entry, Message{Kind: "w", Wait: "2:o:1", At: 99}, true},
+		{"o d\n" + entry + " " + entry, Message{Kind: "o", Outcome: "d", Entries: entry + " " + entry}, true},
+		{"o eboom\n", Message{Kind: "o", Outcome: "eboom"}, true},
+		{"o \n" + entry, Message{}, false},
+		{"o d", Message{}, false},
+		{"g 42", Message{}, false},
+		{"g " + entry, Message{}, false},
+		{"w nonsense", Message{}, false},
+		{"", Message{}, false},
+	} {
+		got, ok := ParseMessage(tc.payload)
+		if ok != tc.ok || ok && got != tc.want {
+			t.Errorf("ParseMessage(%q): got %+v %v, want %+v %v", tc.payload, got, ok, tc.want, tc.ok)
+		}
+		if ok && got.Grant() != (tc.want.Kind == "g") {
+			t.Errorf("ParseMessage(%q).Grant(): got %v", tc.payload, got.Grant())
+		}
+	}
+}
+
+// FuzzEntry: an entry whose parts the scripts can keep comes back from a
+// message as its wait and send time; no input makes the parsers panic.
+func FuzzEntry(f *testing.F) {
+	f.Add("750", "1", uint64(1), int64(2), int64(3), 4, true, "cid:g1:1")
+	f.Add("", "", uint64(0), int64(-1), int64(0), 0, false, "")
+	f.Fuzz(func(t *testing.T, claim, flag string, wait uint64, at, arrival int64, permits int, withPermits bool, owner string) {
+		e := Entry{ClaimMs: claim, Flag: flag, Wait: wait, At: at, Arrival: arrival, Permits: permits, WithPermits: withPermits, Owner: owner}
+		s := e.String()
+		key, gotAt, ok := ParseEntry(s)
+		_, _ = ParseMessage("g 1 " + s)
+		_, _ = ParseMessage(s)
+		if strings.Contains(claim, ":") || strings.Contains(flag, ":") {
+			return // (the scripts' own parts hold no colon)
+		}
+		if !ok || key != WaitKey(wait, owner) || gotAt != at {
+			t.Fatalf("ParseEntry(%q): got %q %d %v, want %q %d true", s, key, gotAt, ok, WaitKey(wait, owner), at)
+		}
+		m, ok := ParseMessage("g 9 " + s)
+		if !ok || m.Wait != key || m.At != at || m.Fence != 9 || !m.Grant() {
+			t.Fatalf("ParseMessage(g 9 %q): got %+v %v", s, m, ok)
+		}
+	})
+}
