@@ -2,24 +2,22 @@ package remutex
 
 import (
 	"context"
-	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/remutex/remutex/internal/wire"
 )
 
-// Reply codes of acquire.lua and release.lua.
+// Reply codes of the acquire and release scripts (see internal/wire).
 const (
-	replyLost    = -1 // acquire: a nested acquire found the hold gone
-	replyBusy    = 0  // acquire: held by another owner
-	replyGranted = 1  // acquire: the lock is ours
-	replyQueued  = 2  // acquire: held by another; the caller waits in the queue
-	replyGone    = 3  // acquire: the caller's queue entry, known queued, is gone
+	replyLost    = wire.Lost
+	replyBusy    = wire.Busy
+	replyGranted = wire.Granted
+	replyQueued  = wire.Queued
+	replyGone    = wire.Gone
 
-	releaseNotHeld = 0
-	releaseDone    = 1
-	releaseHandoff = 2 // freed and handed to the queue's head
+	releaseNotHeld = wire.NotHeld
+	releaseDone    = wire.Done
+	releaseHandoff = wire.Handoff
 )
 
 // reply is the result of one acquire call.
@@ -150,29 +148,15 @@ type subscriptions interface {
 	polling() bool
 }
 
-// parseReply decodes the reply of acquire.lua (wlock.lua, rlock.lua): the
-// fence token (0 without fencing) when granted, else -(4*pttl + code) - 1.
+// parseReply decodes the reply of an acquire script (see
+// wire.ParseAcquire).
 func parseReply(v interface{}) (reply, error) {
-	x, err := toInt64(v)
-	if err != nil {
-		return reply{}, err
-	}
-	if x >= 0 {
-		return reply{code: replyGranted, val: x}, nil
-	}
-	x = -x - 1
-	return reply{code: [...]int64{replyBusy, replyQueued, replyGone, replyLost}[x%4], val: x / 4}, nil
+	code, val, err := wire.ParseAcquire(v)
+	return reply{code: code, val: val}, err
 }
 
-func toInt64(v interface{}) (int64, error) {
-	switch x := v.(type) {
-	case int64:
-		return x, nil
-	case string:
-		return strconv.ParseInt(x, 10, 64)
-	}
-	return 0, fmt.Errorf("remutex: unexpected script reply %v", v)
-}
+// toInt64 is an integer script reply (see wire.Int64).
+func toInt64(v interface{}) (int64, error) { return wire.Int64(v) }
 
 // rollback releases a hold nobody will use (a lost hold's field that may be
 // left on the server, a leftover in the way of a new acquisition), best

@@ -124,3 +124,25 @@ func FuzzEntry(f *testing.F) {
 		}
 	})
 }
+
+// TestParseAcquire: the acquire scripts' one-number reply.
+func TestParseAcquire(t *testing.T) {
+	for _, tc := range []struct {
+		v         interface{}
+		code, val int64
+	}{
+		{int64(0), Granted, 0}, {int64(17), Granted, 17}, {"5", Granted, 5},
+		{int64(-(4*250 + 0) - 1), Busy, 250}, {int64(-(4*250 + 1) - 1), Queued, 250},
+		{int64(-(4*0 + 2) - 1), Gone, 0}, {int64(-(4*9 + 3) - 1), Lost, 9},
+	} {
+		code, val, err := ParseAcquire(tc.v)
+		if err != nil || code != tc.code || val != tc.val {
+			t.Errorf("ParseAcquire(%v): got %d %d %v, want %d %d", tc.v, code, val, err, tc.code, tc.val)
+		}
+	}
+	for _, bad := range []interface{}{nil, "x", []interface{}{int64(1)}, 1.5} {
+		if _, _, err := ParseAcquire(bad); err == nil {
+			t.Errorf("ParseAcquire(%v): no error", bad)
+		}
+	}
+}
