@@ -6,10 +6,10 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"strconv"
 	"strings"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/remutex/remutex/internal/wire"
 )
 
 var (
@@ -171,23 +171,18 @@ func scriptError(err error) error {
 	var rerr redis.Error
 	if errors.As(err, &rerr) {
 		msg := err.Error()
-		if rest, ok := strings.CutPrefix(msg, "WRONGTYPE remutex "); ok {
-			typ, key, _ := strings.Cut(rest, " ")
-			return &WrongTypeError{Key: key, Type: typ}
-		}
-		if rest, ok := strings.CutPrefix(msg, "NOEXPIRY remutex "); ok {
-			return noExpiry(rest, err)
-		}
-		if rest, ok := strings.CutPrefix(msg, "SIZE remutex "); ok {
-			stored, key, _ := strings.Cut(rest, " ")
-			if n, perr := strconv.ParseInt(stored, 10, 64); perr == nil {
-				return &SizeError{Key: key, Stored: n} // (Size: the semaphore fills it in)
+		if e, ok := wire.ParseScriptError(msg); e.Code != "" {
+			switch {
+			case !ok:
+				return err // (one of the scripts' own that does not parse)
+			case e.Code == "WRONGTYPE":
+				return &WrongTypeError{Key: e.Key, Type: e.Type}
+			case e.Code == "NOEXPIRY":
+				return &NoExpiryError{Key: e.Key, Owner: e.Owner}
 			}
+			return &SizeError{Key: e.Key, Stored: e.Stored} // (Size: the semaphore fills it in)
 		}
-		// Redis answers a command of more than a few arguments from an
-		// unauthenticated connection with "Protocol error: unauthenticated
-		// multibulk length" (and closes it), shorter ones with NOAUTH.
-		if strings.HasPrefix(msg, "NOAUTH") || strings.Contains(msg, "unauthenticated") {
+		if wire.AuthReply(msg) {
 			return &authError{reply: err}
 		}
 		return err
@@ -196,17 +191,6 @@ func scriptError(err error) error {
 		return fmt.Errorf("%w: the server does not speak the Redis protocol (is the address right?): %w", errNotRedis, err)
 	}
 	return err
-}
-
-// noExpiry parses "<bytes of the key> <key> <owner>" (see queue.lua's
-// no_expiry): key and owner may hold spaces.
-func noExpiry(rest string, err error) error {
-	n, tail, _ := strings.Cut(rest, " ")
-	k, cerr := strconv.Atoi(n)
-	if cerr != nil || k < 0 || k+1 > len(tail) {
-		return err
-	}
-	return &NoExpiryError{Key: tail[:k], Owner: tail[k+1:]}
 }
 
 // errNotRedis is the start of the error for a server that answered with
@@ -226,13 +210,6 @@ func isReply(err error) bool {
 func isProtocolError(err error) bool {
 	msg := err.Error()
 	return strings.HasPrefix(msg, "redis: invalid reply") || strings.HasPrefix(msg, "redis: can't parse")
-}
-
-// transientPrefixes are the Redis error replies that pass on their own:
-// a server still loading, a failover in progress, a cluster reconfiguring.
-var transientPrefixes = []string{
-	"LOADING", "READONLY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN",
-	"MOVED", "ASK", "BUSY ", "NOREPLICAS",
 }
 
 // transient reports whether err is worth retrying: network failures,
@@ -259,13 +236,7 @@ func transient(err error) bool {
 	}
 	var rerr redis.Error
 	if errors.As(err, &rerr) {
-		msg := rerr.Error()
-		for _, p := range transientPrefixes {
-			if strings.HasPrefix(msg, p) {
-				return true
-			}
-		}
-		return false
+		return wire.TransientReply(rerr.Error())
 	}
 	var nerr net.Error
 	if errors.As(err, &nerr) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||

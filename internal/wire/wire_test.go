@@ -146,3 +146,40 @@ func TestParseAcquire(t *testing.T) {
 		}
 	}
 }
+
+// TestParseScriptError: the error replies the scripts raise, and replies
+// that are not theirs.
+func TestParseScriptError(t *testing.T) {
+	for _, tc := range []struct {
+		msg  string
+		want ScriptError
+		ok   bool
+	}{
+		{"WRONGTYPE remutex string p:{a}", ScriptError{Code: "WRONGTYPE", Key: "p:{a}", Type: "string"}, true},
+		{"WRONGTYPE remutex string p:{a b}", ScriptError{Code: "WRONGTYPE", Key: "p:{a b}", Type: "string"}, true},
+		{"NOEXPIRY remutex 7 p:{a b} owner x", ScriptError{Code: "NOEXPIRY", Key: "p:{a b}", Owner: "owner x"}, true},
+		{"NOEXPIRY remutex 99 p:{a}", ScriptError{Code: "NOEXPIRY"}, false},
+		{"NOEXPIRY remutex x p:{a} o", ScriptError{Code: "NOEXPIRY"}, false},
+		{"SIZE remutex 3 p:{s}:sem:size", ScriptError{Code: "SIZE", Key: "p:{s}:sem:size", Stored: 3}, true},
+		{"SIZE remutex three p:{s}", ScriptError{Code: "SIZE"}, false},
+		{"WRONGTYPE Operation against a key holding the wrong kind of value", ScriptError{}, false},
+		{"ERR unknown command", ScriptError{}, false},
+	} {
+		got, ok := ParseScriptError(tc.msg)
+		if got != tc.want || ok != tc.ok {
+			t.Errorf("ParseScriptError(%q): got %+v %v, want %+v %v", tc.msg, got, ok, tc.want, tc.ok)
+		}
+	}
+	for msg, want := range map[string]bool{"LOADING Redis is loading": true, "READONLY You can't write": true,
+		"MOVED 3999 127.0.0.1:6381": true, "BUSY Redis is busy": true, "BUSYKEY x": false, "NOPERM": false, "ERR x": false} {
+		if got := TransientReply(msg); got != want {
+			t.Errorf("TransientReply(%q): got %v, want %v", msg, got, want)
+		}
+	}
+	for msg, want := range map[string]bool{"NOAUTH Authentication required.": true,
+		"ERR Protocol error: unauthenticated multibulk length": true, "NOPERM": false} {
+		if got := AuthReply(msg); got != want {
+			t.Errorf("AuthReply(%q): got %v, want %v", msg, got, want)
+		}
+	}
+}
