@@ -8,7 +8,6 @@ import "github.com/remutex/remutex/internal/wire"
 // these fields and never asks which kind it serves; a new kind of lock is
 // one more value here and a file of its own for its public type.
 type kind struct {
-	what string // as messages name it: "mutex", "read lock", ...
 	// keysOf returns its keys for a lock name under a prefix (see
 	// wire.LockKeys): the hash, fence and queue first, in that order.
 	keysOf func(prefix, name string) []string
@@ -48,20 +47,20 @@ type kind struct {
 
 // The kinds of lock.
 var (
-	mutexKind = &kind{what: "mutex", keysOf: wire.LockKeys, scripts: mutexScripts, flag: "0", fencedFlag: "1",
+	mutexKind = &kind{keysOf: wire.LockKeys, scripts: mutexScripts, flag: "0", fencedFlag: "1",
 		unheld: "remutex: unlock of unlocked mutex", quick: mutexQuick}
-	writeKind = &kind{what: "write lock", keysOf: wire.RWKeys, scripts: writeScripts, flag: "w", fencedFlag: "W",
+	writeKind = &kind{keysOf: wire.RWKeys, scripts: writeScripts, flag: "w", fencedFlag: "W",
 		unheld: "remutex: Unlock of unlocked DistRWMutex"}
-	readKind = &kind{what: "read lock", keysOf: wire.RWKeys, home: 3, scripts: readScripts, flag: "r", fencedFlag: "R",
+	readKind = &kind{keysOf: wire.RWKeys, home: 3, scripts: readScripts, flag: "r", fencedFlag: "R",
 		renewTag: "r", unheld: "remutex: RUnlock of unlocked DistRWMutex", read: true, multi: true, quick: readQuick}
-	semKind = &kind{what: "semaphore", keysOf: wire.SemKeys, scripts: semScripts, flag: "s", fencedFlag: "S",
+	semKind = &kind{keysOf: wire.SemKeys, scripts: semScripts, flag: "s", fencedFlag: "S",
 		renewTag: "p", unheld: "remutex: Release of more permits than held by DistSemaphore", multi: true, permits: true,
 		quick: semQuick,
 		oneDeployment: "a quorum Client cannot bound a count by majorities " +
 			"(three servers and two permits let three holders each win a majority): use a Client of one deployment"}
 	// A DistOnce's lock is a mutex on keys of its own whose final release
 	// records the run's outcome (once_release.lua).
-	onceKind = &kind{what: "once", keysOf: wire.OnceKeys, scripts: onceScripts, flag: "0", fencedFlag: "1",
+	onceKind = &kind{keysOf: wire.OnceKeys, scripts: onceScripts, flag: "0", fencedFlag: "1",
 		unheld: "remutex: unlock of unlocked mutex", quick: mutexQuick, records: true,
 		oneDeployment: "a quorum Client cannot keep \"done\" exact (its servers may lose their data " +
 			"unpersisted, and a majority that read past the server that kept the record would run f again): " +

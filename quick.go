@@ -41,7 +41,7 @@ type quick struct {
 }
 
 // newQuick returns the uncontended cycle of a lock of kind k on keys (see
-// lockKeys, rwKeys), or nil where there is none.
+// wire.LockKeys, wire.RWKeys), or nil where there is none.
 func (c *Client) newQuick(k *kind, keys []string) *quick {
 	if k.quick == nil {
 		return nil
