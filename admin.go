@@ -404,7 +404,7 @@ func readRole(info *LockInfo, r byte, v interface{}) {
 
 func newHolder(owner string, count int, read bool, ttlMs int64) Holder {
 	owner, kept := strings.CutPrefix(owner, keptPrefix)
-	host, pid := ownerOrigin(owner)
+	host, pid := wire.OwnerOrigin(owner)
 	return Holder{Owner: owner, Count: count, Read: read, Kept: kept, TTL: time.Duration(max(ttlMs, -1)) * time.Millisecond, Host: host, PID: pid}
 }
 
@@ -425,22 +425,13 @@ func (h Holder) field() string {
 // permits it asks for after the arrival (<wait id>.<arrival ms>.<permits>,
 // see sem.lua), with its flag (a waiting writer's is w or W).
 func parseWaiter(entry string) (w Waiter, flag string, ok bool) {
-	parts := strings.SplitN(entry, ":", 4)
-	if len(parts) != 4 {
+	q, ok := wire.ParseQueued(entry)
+	if !ok {
 		return Waiter{}, "", false
 	}
-	wait := strings.SplitN(parts[2], ".", 3)
-	var arrived int64
-	if len(wait) > 1 {
-		arrived, _ = strconv.ParseInt(wait[1], 10, 64)
-	}
-	if len(wait) > 2 {
-		w.Permits, _ = strconv.Atoi(wait[2])
-	}
-	flag = parts[1]
-	w.Owner, w.Read, w.Since = parts[3], flag == "r" || flag == "R", time.UnixMilli(arrived)
-	w.Host, w.PID = ownerOrigin(parts[3])
-	return w, flag, true
+	w.Owner, w.Read, w.Since, w.Permits = q.Owner, q.Flag == "r" || q.Flag == "R", time.UnixMilli(q.Arrival), q.Permits
+	w.Host, w.PID = wire.OwnerOrigin(q.Owner)
+	return w, q.Flag, true
 }
 
 // settle orders info's holders and sums up its holds.
@@ -468,21 +459,6 @@ func settle(info *LockInfo) {
 	if unexpiring {
 		info.TTL = -time.Millisecond
 	}
-}
-
-// ownerOrigin returns the host and pid in the Client id of an owner token
-// (<22 base64url>.<host>.<pid>:<goroutine>.<n>, see clientID), or "" and 0.
-func ownerOrigin(owner string) (host string, pid int) {
-	id, _, _ := strings.Cut(owner, ":")
-	first, last := strings.IndexByte(id, '.'), strings.LastIndexByte(id, '.')
-	if first < 0 || last <= first {
-		return "", 0
-	}
-	pid, err := strconv.Atoi(id[last+1:])
-	if err != nil {
-		return "", 0
-	}
-	return id[first+1 : last], pid
 }
 
 // forceUnlock releases each hold that inspect finds, of every kind of lock

@@ -8,13 +8,13 @@ import (
 	"log/slog"
 	"os"
 	"reflect"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/remutex/remutex/internal/wire"
 )
 
 // DefaultKeyPrefix is the key prefix of a Client without WithKeyPrefix.
@@ -144,7 +144,7 @@ func newClient(fn string, opts []Option) *Client {
 	}
 	c := &Client{
 		epoch:    time.Now(),
-		id:       clientID(base64.RawURLEncoding.EncodeToString(id[:]), hostname(), os.Getpid()),
+		id:       wire.ClientID(base64.RawURLEncoding.EncodeToString(id[:]), hostname(), os.Getpid()),
 		prefix:   DefaultKeyPrefix,
 		closing:  make(chan struct{}),
 		stopping: make(chan struct{}),
@@ -163,46 +163,14 @@ func newClient(fn string, opts []Option) *Client {
 	return c
 }
 
-// clientID is a Client's id: the random part (128 bits in unpadded
-// base64url, 22 characters: every owner token, queue entry and channel
-// name carries it, and Redis keeps a string of up to 44 bytes in one
-// allocation), then the host and pid of its process, so that an operator
-// can tell where a hold lives (see Inspect).
-// Scripts take the text before an owner token's first ':' for the Client's
-// id, so it has no ':', nor braces (a cluster hash tag) or white space.
-func clientID(random, host string, pid int) string {
-	return random + "." + host + "." + strconv.Itoa(pid)
-}
-
-// maxHostLen bounds the host part of a Client id: every owner token, queue
-// entry and channel name carries it.
-const maxHostLen = 64
-
-// hostname returns the host name for Client ids (see hostPart), or
+// hostname returns the host name for Client ids (see wire.HostPart), or
 // "unknown".
 func hostname() string {
 	h, err := os.Hostname()
 	if err != nil {
 		return "unknown"
 	}
-	return hostPart(h)
-}
-
-// hostPart makes h fit in a Client id: every byte outside [A-Za-z0-9._-]
-// becomes '_', and at most maxHostLen bytes are kept; "" is "unknown".
-func hostPart(h string) string {
-	if h == "" {
-		return "unknown"
-	}
-	b := []byte(h[:min(len(h), maxHostLen)])
-	for i, ch := range b {
-		ok := ch >= 'a' && ch <= 'z' || ch >= 'A' && ch <= 'Z' || ch >= '0' && ch <= '9' ||
-			ch == '.' || ch == '-' || ch == '_'
-		if !ok {
-			b[i] = '_'
-		}
-	}
-	return string(b)
+	return wire.HostPart(h)
 }
 
 func isNil(v interface{}) bool {

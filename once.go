@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/petermattis/goid"
+	"github.com/remutex/remutex/internal/wire"
 )
 
 // DistOnce is sync.Once across processes: of all the callers of Do with its
@@ -483,7 +484,7 @@ func parseOnceRecord(key, s string) (*onceRecord, error) {
 
 func (r *onceRecord) onceError(name string) *OnceError {
 	e := &OnceError{Once: name, Owner: r.By, Started: time.UnixMilli(r.Start), Duration: time.Duration(r.Ms) * time.Millisecond, Message: r.Err}
-	e.Host, e.PID = ownerOrigin(r.By)
+	e.Host, e.PID = wire.OwnerOrigin(r.By)
 	return e
 }
 

@@ -73,15 +73,11 @@ func (m *DistMutex) initAttemptLocked(a *attempt, gid int64, try bool) {
 // one, however late or often it reaches Redis (a resend, a release posted
 // behind a call cut off), finds nothing of a later one to change.
 func (m *DistMutex) newOwnerLocked(gid int64) string {
-	c := m.c
-	var b [128]byte // (one allocation: the string)
-	buf := append(append(b[:0], c.id...), ':')
 	if !m.reentrant {
-		buf = append(buf, 'n')
-	} else {
-		buf = append(strconv.AppendInt(buf, gid, 10), '.')
+		gid = -1
 	}
-	return string(strconv.AppendUint(buf, c.nextSeqLocked(), 10))
+	var b [128]byte // (one allocation: the string)
+	return string(wire.AppendOwner(b[:0], m.c.id, gid, m.c.nextSeqLocked()))
 }
 
 // run takes the lock: one call that acquires it or queues the caller, then,

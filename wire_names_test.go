@@ -9,6 +9,13 @@ var (
 	semKeys  = wire.SemKeys
 	onceKeys = wire.OnceKeys
 	keySlot  = wire.Slot
+
+	ownerOrigin = wire.OwnerOrigin
+	hostPart    = wire.HostPart
+	clientID    = wire.ClientID
 )
 
-const releasedInfix = wire.ReleasedInfix
+const (
+	releasedInfix = wire.ReleasedInfix
+	maxHostLen    = wire.MaxHostLen
+)

@@ -63,3 +63,26 @@ func ParseEntry(e string) (key string, at int64, ok bool) {
 	}
 	return wait + ":" + parts[3], at, true
 }
+
+// ParseQueued decodes a queue entry as Client.Inspect reads it, leniently (a
+// number that does not parse is left 0): ok false only if it is not an
+// entry at all.
+func ParseQueued(e string) (q Entry, ok bool) {
+	parts := strings.SplitN(e, ":", 4)
+	if len(parts) != 4 {
+		return Entry{}, false
+	}
+	q.ClaimMs, q.Flag, q.Owner = parts[0], parts[1], parts[3]
+	wait := strings.SplitN(parts[2], ".", 3)
+	id, at, _ := strings.Cut(wait[0], "-")
+	q.Wait, _ = strconv.ParseUint(id, 10, 64)
+	q.At, _ = strconv.ParseInt(at, 10, 64)
+	if len(wait) > 1 {
+		q.Arrival, _ = strconv.ParseInt(wait[1], 10, 64)
+	}
+	if len(wait) > 2 {
+		q.Permits, _ = strconv.Atoi(wait[2])
+		q.WithPermits = true
+	}
+	return q, true
+}

@@ -183,3 +183,45 @@ func TestParseScriptError(t *testing.T) {
 		}
 	}
 }
+
+// TestOwner: owner tokens as the scripts and Inspect read them.
+func TestOwner(t *testing.T) {
+	id := ClientID("AAAAAAAAAAAAAAAAAAAAAA", HostPart("web 1"), 42)
+	if id != "AAAAAAAAAAAAAAAAAAAAAA.web_1.42" {
+		t.Errorf("ClientID: got %q", id)
+	}
+	for _, tc := range []struct {
+		gid  int64
+		seq  uint64
+		want string
+	}{{7, 3, id + ":7.3"}, {-1, 9, id + ":n9"}, {0, 1, id + ":0.1"}} {
+		if got := string(AppendOwner(nil, id, tc.gid, tc.seq)); got != tc.want {
+			t.Errorf("AppendOwner(%d, %d): got %q, want %q", tc.gid, tc.seq, got, tc.want)
+		}
+		if host, pid := OwnerOrigin(tc.want); host != "web_1" || pid != 42 {
+			t.Errorf("OwnerOrigin(%q): got %q %d, want web_1 42", tc.want, host, pid)
+		}
+	}
+	for _, owner := range []string{"", "x", "a.b", "a.b.c:1", "legacy-owner"} {
+		if host, pid := OwnerOrigin(owner); host != "" || pid != 0 {
+			t.Errorf("OwnerOrigin(%q): got %q %d, want none", owner, host, pid)
+		}
+	}
+	if got := HostPart(strings.Repeat("h", 100)); len(got) != MaxHostLen {
+		t.Errorf("HostPart of 100 bytes: got %d bytes, want %d", len(got), MaxHostLen)
+	}
+}
+
+// TestParseQueued: Inspect's reading of an entry, which keeps what it can.
+func TestParseQueued(t *testing.T) {
+	e := Entry{ClaimMs: "750", Flag: "S", Wait: 3, At: 12, Arrival: 1700000000000, Permits: 5, WithPermits: true, Owner: "c.h.1:n4"}
+	if got, ok := ParseQueued(e.String()); !ok || got != e {
+		t.Errorf("ParseQueued(%q): got %+v %v, want %+v", e.String(), got, ok, e)
+	}
+	if got, ok := ParseQueued("750:r:x.y:o"); !ok || got.Flag != "r" || got.Owner != "o" || got.Arrival != 0 {
+		t.Errorf("ParseQueued of bad numbers: got %+v %v", got, ok)
+	}
+	if _, ok := ParseQueued("750:s:3.1700000000000.5"); ok {
+		t.Error("ParseQueued of three parts: ok")
+	}
+}
