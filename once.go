@@ -2,7 +2,6 @@ package remutex
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -260,7 +259,7 @@ func (o *DistOnce) told(outcome string, fl *onceFlight) error {
 	if err != nil {
 		return o.wrap(err)
 	}
-	fl.err, fl.retry = o.wrap(rec.onceError(o.m.spec.name)), false
+	fl.err, fl.retry = o.wrap(onceError(rec, o.m.spec.name)), false
 	return fl.err
 }
 
@@ -334,7 +333,7 @@ func (o *DistOnce) finish(ctx context.Context, h *hold, rec *onceRecord, fl *onc
 		// Lost, or not released (a release posted in the background may
 		// still record it): the value's other callers look again.
 	case rec.Err != "":
-		fl.err, fl.retry = o.wrap(rec.onceError(o.m.spec.name)), false
+		fl.err, fl.retry = o.wrap(onceError(rec, o.m.spec.name)), false
 	default:
 		fl.retry = false
 		o.done.Store(true)
@@ -344,12 +343,7 @@ func (o *DistOnce) finish(ctx context.Context, h *hold, rec *onceRecord, fl *onc
 
 // outcome is once_release.lua's outcome argument for rec.
 func (o *DistOnce) outcome(rec *onceRecord) string {
-	b, _ := json.Marshal(rec) // (cannot fail: strings and integers)
-	if rec.Err == "" {
-		return "d" + string(b)
-	}
-	keep := max(OnceErrorKeep, o.m.spec.lease)
-	return fmt.Sprintf("e%d:%s", keep.Milliseconds(), b)
+	return rec.Outcome(max(OnceErrorKeep, o.m.spec.lease).Milliseconds())
 }
 
 // Done reports whether a run of the once has succeeded (its done record is
@@ -375,15 +369,8 @@ func (o *DistOnce) Reset(ctx context.Context) error {
 	return err
 }
 
-// onceRecord is a once's record in Redis: the done record, or with Err the
-// error record of a failed run (JSON, V 1).
-type onceRecord struct {
-	V     int    `json:"v"`
-	By    string `json:"by"`    // the owner token of the run's hold
-	Start int64  `json:"start"` // unix ms, when f started
-	Ms    int64  `json:"ms"`    // how long f ran
-	Err   string `json:"err,omitempty"`
-}
+// onceRecord is a once's record in Redis (see wire.OnceRecord).
+type onceRecord = wire.OnceRecord
 
 // onceState is what the once's records say.
 type onceState struct {
@@ -467,7 +454,7 @@ func (o *DistOnce) parse(v interface{}) (onceState, error) {
 			return st, err
 		}
 		st.errRaw = s
-		st.failed = rec.onceError(o.m.spec.name)
+		st.failed = onceError(rec, o.m.spec.name)
 	}
 	return st, nil
 }
@@ -475,14 +462,14 @@ func (o *DistOnce) parse(v interface{}) (onceState, error) {
 // parseOnceRecord decodes the record s stored under key; anything that is
 // not one is foreign data, a *WrongTypeError.
 func parseOnceRecord(key, s string) (*onceRecord, error) {
-	var rec onceRecord
-	if err := json.Unmarshal([]byte(s), &rec); err != nil || rec.V != 1 || rec.By == "" {
+	rec, ok := wire.ParseOnceRecord(s)
+	if !ok {
 		return nil, &WrongTypeError{Key: key, Type: foreignRecord}
 	}
-	return &rec, nil
+	return rec, nil
 }
 
-func (r *onceRecord) onceError(name string) *OnceError {
+func onceError(r *onceRecord, name string) *OnceError {
 	e := &OnceError{Once: name, Owner: r.By, Started: time.UnixMilli(r.Start), Duration: time.Duration(r.Ms) * time.Millisecond, Message: r.Err}
 	e.Host, e.PID = wire.OwnerOrigin(r.By)
 	return e
@@ -526,7 +513,7 @@ func (o *DistOnce) Inspect(ctx context.Context) (OnceInfo, error) {
 		return info, o.wrap(err)
 	}
 	if st.done != nil {
-		info.Done, info.Run = true, st.done.onceError(info.Name)
+		info.Done, info.Run = true, onceError(st.done, info.Name)
 	}
 	info.Failed = st.failed
 	li, err := o.m.c.Inspect(ctx, info.Name)

@@ -225,3 +225,27 @@ func TestParseQueued(t *testing.T) {
 		t.Error("ParseQueued of three parts: ok")
 	}
 }
+
+// TestOnceRecord: a DistOnce's records and the outcome its run's release
+// stores.
+func TestOnceRecord(t *testing.T) {
+	done := &OnceRecord{V: 1, By: "c.h.1:n2", Start: 1700000000000, Ms: 12}
+	if got, want := done.Outcome(60000), `d{"v":1,"by":"c.h.1:n2","start":1700000000000,"ms":12}`; got != want {
+		t.Errorf("Outcome: got %q, want %q", got, want)
+	}
+	failed := *done
+	failed.Err = "boom"
+	out := failed.Outcome(60000)
+	if want := `e60000:{"v":1,"by":"c.h.1:n2","start":1700000000000,"ms":12,"err":"boom"}`; out != want {
+		t.Errorf("Outcome of a failed run: got %q, want %q", out, want)
+	}
+	rec, ok := ParseOnceRecord(out[len("e60000:"):])
+	if !ok || *rec != failed {
+		t.Errorf("ParseOnceRecord: got %+v %v, want %+v", rec, ok, failed)
+	}
+	for _, bad := range []string{"", "precious", `{"v":2,"by":"x"}`, `{"v":1}`, `[1]`} {
+		if _, ok := ParseOnceRecord(bad); ok {
+			t.Errorf("ParseOnceRecord(%q): ok", bad)
+		}
+	}
+}
