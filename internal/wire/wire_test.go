@@ -249,3 +249,31 @@ func TestOnceRecord(t *testing.T) {
 		}
 	}
 }
+
+// FuzzDecoders: no reply, message or record, however garbled, makes a
+// decoder panic, and what decodes re-encodes to what was read.
+func FuzzDecoders(f *testing.F) {
+	for _, s := range []string{"g 1 750:1:7-1.2:o", "o d\n750:0:1-2.3:o", "WRONGTYPE remutex string k",
+		"NOEXPIRY remutex 1 k o", "SIZE remutex 3 k", `{"v":1,"by":"o"}`, "750:S:3-4.5.6:o", "-7"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		_, _ = ParseMessage(s)
+		_, _ = ParseScriptError(s)
+		_ = TransientReply(s)
+		_, _, _ = ParseAcquire(s)
+		_, _ = OwnerOrigin(s)
+		if rec, ok := ParseOnceRecord(s); ok {
+			if back, ok := ParseOnceRecord(rec.Outcome(1)[1:]); rec.Err == "" && (!ok || *back != *rec) {
+				t.Fatalf("once record %q: re-encoded as %+v %v", s, back, ok)
+			}
+		}
+		if q, ok := ParseQueued(s); ok && !strings.Contains(q.ClaimMs+q.Flag, ":") {
+			if _, _, ok := ParseEntry(s); ok {
+				if key, at, _ := ParseEntry(q.String()); key != WaitKey(q.Wait, q.Owner) || at != q.At {
+					t.Fatalf("entry %q: re-encoded as %q", s, q.String())
+				}
+			}
+		}
+	})
+}
