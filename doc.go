@@ -78,10 +78,10 @@
 //
 // A lock named N under prefix P is the hash P{N} (owner token → hold count)
 // with a lease (PEXPIRE), the fence counter P{N}:fence, and the queue, the
-// list P{N}:waiting (entries <claim ms>:<flag>:<wait id>.<arrival ms>:<owner
+// list P{N}:waiting (entries <claim ms>:<flag>:<wait id>-<at>.<arrival ms>:<owner
 // token>, the arrival on the waiter's clock, for Inspect); its Client hears
 // of it on P{N}:released:<client id> (SPUBLISH on a Redis 7 cluster). All share one cluster slot. The scripts of
-// scripts/*.lua (embedded) change them: for a DistMutex acquire.lua (take,
+// internal/scripts (embedded) change them: for a DistMutex acquire.lua (take,
 // raise or queue), release.lua, leave.lua (a waiter that gives up) and the
 // watchdog's renew.lua. Their uncontended paths come first and touch only
 // what they need: acquire is EXISTS + HSET + PEXPIRE (+ INCR with fencing),

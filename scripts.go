@@ -1,21 +1,14 @@
 package remutex
 
 import (
-	"embed"
-	"strings"
-
 	"github.com/redis/go-redis/v9"
+	"github.com/remutex/remutex/internal/scripts"
 )
 
 // The scripts are the only code that changes a lock's keys, and the protocol
-// itself: see scripts/*.lua. Each one is told absolute counts (the count a
+// itself: see internal/scripts. Each one is told absolute counts (the count a
 // goroutine has and the count it wants), so a call sent twice, because the
 // reply to the first was lost, changes nothing the second time.
-// scriptFiles are the scripts and the parts they include.
-//
-//go:embed scripts/*.lua
-var scriptFiles embed.FS
-
 var (
 	renewScript = loadScript("renew")
 	raiseScript = loadScript("raise")
@@ -50,40 +43,18 @@ type luaScript struct {
 	hash     string
 }
 
-// loadScript returns scripts/<name>.lua with its includes pasted in: a line
-// "--#include <file>" is replaced by that file of scripts/ (the slow-path
-// helpers of queue.lua and rw.lua come after a script's fast path, so that
-// an uncontended call never builds them).
+// loadScript returns the script name of internal/scripts with its
+// includes expanded, boxed for calls.
 func loadScript(name string) *luaScript {
-	sc := newLuaScript(include(readScript(name + ".lua")))
-	scripts = append(scripts, sc)
+	sc := newLuaScript(scripts.Source(name))
+	all = append(all, sc)
 	return sc
 }
 
-// scripts are every script loadScript made (Client.Check loads them all).
-var scripts []*luaScript
+// all are every script loadScript made (Client.Check loads them all).
+var all []*luaScript
 
-func allScripts() []*luaScript { return scripts }
-
-func readScript(file string) string {
-	b, err := scriptFiles.ReadFile("scripts/" + file)
-	if err != nil {
-		panic("remutex: " + err.Error()) // embedded: cannot happen
-	}
-	return string(b)
-}
-
-func include(src string) string {
-	var out strings.Builder
-	for _, line := range strings.SplitAfter(src, "\n") {
-		if file, ok := strings.CutPrefix(line, "--#include "); ok {
-			out.WriteString(include(readScript(strings.TrimSpace(file))))
-			continue
-		}
-		out.WriteString(line)
-	}
-	return out.String()
-}
+func allScripts() []*luaScript { return all }
 
 func newLuaScript(src string) *luaScript {
 	h := redis.NewScript(src).Hash()

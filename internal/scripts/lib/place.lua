@@ -1,3 +1,8 @@
+-- Fragment, pasted where an entry script says --#include place.lua.
+-- Reads: KEYS[3] (the queue); entry, prev, known and type_error (enqueue.lua).
+-- Defines: there (the entry's index in the queue, or false); returns -3 from
+--   the including script for a known entry that is gone.
+--
 -- Where the caller stands in the queue, for the scripts that queue (after
 -- enqueue.lua): there is its entry's index, or false; a previous entry
 -- found is rewritten as this call's. A known entry that is gone (it was

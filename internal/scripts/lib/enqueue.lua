@@ -1,3 +1,7 @@
+-- Fragment, pasted where an entry script says --#include enqueue.lua.
+-- Reads: ARGV[6] (the caller's queue entry argument).
+-- Defines: queue_keep, entry, known, prev, and type_error(key, want).
+--
 -- The caller's place in the queue (see queue.lua), for the scripts that
 -- acquire or queue (acquire, rlock, wlock, sem_acquire). ARGV[6] is its
 -- entry: '' for none (TryLock: never queued); '<entry>' queues it unless it

@@ -1,3 +1,9 @@
+-- Fragment, pasted where an entry script says --#include take.lua.
+-- Reads: KEYS (hash, fence counter, queue, ...), ARGV[1..5] (owner, have,
+--   want, lease, fence mode); includes seed.lua.
+-- Defines: nothing; returns the fence token from the including script when the
+--   lock is free, else falls through.
+--
 -- The free path of a lock held in a hash (a DistMutex, a DistRWMutex's
 -- writer), first in its script with nothing built before it: the hash and
 -- every key after the fence counter (the queue; a read/write lock's readers)

@@ -1,3 +1,9 @@
+-- Fragment, pasted where an entry script says --#include seed.lua.
+-- Reads: the includer's locals f (the counter's value after INCR) and
+--   fence_key.
+-- Defines: nothing new; sets f (and the counter) from the server's clock when
+--   the counter was missing.
+--
   if f == 1 then
     -- No counter (first use, or Redis lost it): seed it from the server
     -- clock in µs, so tokens keep rising across a restart.

@@ -1,3 +1,8 @@
+-- Fragment, pasted where an entry script says --#include unqueue.lua.
+-- Reads: KEYS[3] (the queue), ARGV[2] (the waiter's entry, or
+--   '<entry>|<entry>').
+-- Defines: entry, unqueued.
+--
 -- Removes a waiter's queue entries (KEYS[3]) for the scripts of a waiter
 -- that gives up (leave, rwleave, sem_leave): ARGV[2] is its entry, or
 -- '<entry>|<entry>' where the latest call, which got no answer, may have

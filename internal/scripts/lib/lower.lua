@@ -1,3 +1,8 @@
+-- Fragment, pasted where an entry script says --#include lower.lua.
+-- Reads: KEYS[1], ARGV[1] (owner), ARGV[2] (count wanted), ARGV[3] (lease).
+-- Defines: nothing; returns 0 or 1 from the including script, except for a
+--   final release that removed the caller's field, which falls through.
+--
 -- The first part of a release of a hold kept in a hash (a DistMutex, a
 -- DistRWMutex's writer): a nested release sets the count the caller wants
 -- (and the lease, unless '0'); a final one removes the caller's field. A

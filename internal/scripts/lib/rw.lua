@@ -1,3 +1,10 @@
+-- Fragment, pasted where an entry script says --#include rw.lua.
+-- Reads: KEYS[1] (writer hash), KEYS[3] (queue), KEYS[4] (readers); after
+--   queue.lua (tell, digits, next_fence).
+-- Defines: W, R, now, and the read/write helpers: parse_entry, is_reader,
+--   prune_readers, anchor_readers, live, add_reader, latest_fence, leads,
+--   grant_readers, grant_rw, rw_pttl.
+--
 -- Shared by the slow paths of the read/write lock's scripts (DistRWMutex),
 -- included after queue.lua (whose grant_head they do not use). KEYS =
 -- writer hash W (owner -> write count), fence counter, queue (see

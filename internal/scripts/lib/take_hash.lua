@@ -1,3 +1,8 @@
+-- Fragment, pasted where an entry script says --#include take_hash.lua.
+-- Reads: the includer's locals hash, owner, want, lease, queue, and entry,
+--   prev (enqueue.lua).
+-- Defines: take(f).
+--
 -- Takes the lock held in the hash (acquire.lua's, wlock.lua's writer) with
 -- fence token f, leaving the queue.
 local function take(f)

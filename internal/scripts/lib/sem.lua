@@ -1,3 +1,9 @@
+-- Fragment, pasted where an entry script says --#include sem.lua.
+-- Reads: KEYS[1] (holders), KEYS[3] (queue), KEYS[4] (size); after queue.lua
+--   (digits, tell, next_fence).
+-- Defines: H, now, and the semaphore helpers: stored_size, holding, token_of,
+--   held, add_holder, grant_sem.
+--
 -- Shared by the slow paths of a semaphore's scripts (DistSemaphore),
 -- included after queue.lua (for digits, tell and next_fence). KEYS =
 -- holders H, fence counter, queue, size S; all begin with P{N}:sem.

@@ -1,3 +1,7 @@
+-- Fragment, pasted where an entry script says --#include fence.lua.
+-- Reads: KEYS[2] (the fence counter); includes seed.lua.
+-- Defines: next_fence().
+--
 -- Next fencing token of the counter KEYS[2] (see seed.lua for a missing
 -- counter). Included where a slow path needs it.
 local function next_fence()

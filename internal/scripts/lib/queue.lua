@@ -1,3 +1,9 @@
+-- Fragment, pasted where an entry script says --#include queue.lua.
+-- Reads: KEYS[1] (the home key), KEYS[2] (via fence.lua), KEYS[3] (the queue),
+--   ARGV[#ARGV] (the node's publish command).
+-- Defines: pub, handoff, sharded, next_fence() (fence.lua), digits(x),
+--   tell(home, cid, msg), grant_head().
+--
 -- Passing a lock on to its queue: shared by the slow paths of the lock
 -- scripts, included where they need it, so that a call that does not never
 -- builds it. Lua builds each function below at every call that includes it
@@ -21,8 +27,11 @@
 -- 'publish' on a cluster on classic pub/sub (Redis 6.2, or a cluster that
 -- could not be asked for SPUBLISH): there every node relays the message,
 -- and a Client may listen on any of them.
+-- Every command is named literally (proxies that vet scripts refuse a
+-- command name held in a variable): the argument only chooses between them.
 local pub = ARGV[#ARGV]
 local handoff = string.byte(pub) > 96 -- lower case
+local sharded = pub == 'spublish' or pub == 'SPUBLISH'
 
 --#include fence.lua
 
@@ -52,17 +61,26 @@ end
 -- servers only wake waiters, and count the wake message's listeners.
 local function tell(home, cid, msg)
   local channel = home .. ':released:' .. cid
+  local n
   if not handoff then
-    local n = redis.pcall(pub, channel, msg)
+    if sharded then
+      n = redis.pcall('spublish', channel, msg)
+    else
+      n = redis.pcall('publish', channel, msg)
+    end
     return type(n) == 'number' and n > 0
   end
-  if pub ~= 'pUBLISH' then
-    local sub = 'numsub'
-    if pub == 'spublish' then sub = 'shardnumsub' end
-    local n = redis.pcall('pubsub', sub, channel)
-    if type(n) == 'table' and n[2] == 0 then return false end
+  if sharded then
+    n = redis.pcall('pubsub', 'shardnumsub', channel)
+  elseif pub ~= 'pUBLISH' then
+    n = redis.pcall('pubsub', 'numsub', channel)
   end
-  redis.pcall(pub, channel, msg)
+  if type(n) == 'table' and n[2] == 0 then return false end
+  if sharded then
+    redis.pcall('spublish', channel, msg)
+  else
+    redis.pcall('publish', channel, msg)
+  end
   return true
 end
 

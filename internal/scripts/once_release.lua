@@ -50,9 +50,14 @@ if told then
       of[#of + 1] = e
     end
   end
-  local pub = ARGV[4]
+  local sharded = ARGV[4] == 'spublish' or ARGV[4] == 'SPUBLISH' -- (commands named literally: see queue.lua)
   for _, cid in ipairs(cids) do
-    redis.pcall(pub, hash .. ':released:' .. cid, 'o ' .. told .. '\n' .. table.concat(by[cid], ' '))
+    local channel, msg = hash .. ':released:' .. cid, 'o ' .. told .. '\n' .. table.concat(by[cid], ' ')
+    if sharded then
+      redis.pcall('spublish', channel, msg)
+    else
+      redis.pcall('publish', channel, msg)
+    end
   end
   return 3
 end
