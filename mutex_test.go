@@ -330,7 +330,7 @@ func subscribers(rdb *redis.Client, prefix string) (int64, error) {
 }
 
 func TestExclusion(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *testBackend) {
+	eachBackendParallel(t, func(t *testing.T, b *testBackend) {
 		name := lockName(t)
 		const clients, goroutines, rounds = 2, 4, 10
 		var inside, overlaps, total atomic.Int64
@@ -701,7 +701,7 @@ func TestClose(t *testing.T) {
 }
 
 func TestCondSignal(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *testBackend) {
+	eachBackendParallel(t, func(t *testing.T, b *testBackend) {
 		m := b.client(t).NewMutex(lockName(t))
 		cond := sync.NewCond(m)
 		ready := false // guarded by m
@@ -729,7 +729,7 @@ func TestCondSignal(t *testing.T) {
 }
 
 func TestCondBroadcast(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *testBackend) {
+	eachBackendParallel(t, func(t *testing.T, b *testBackend) {
 		m := b.client(t).NewMutex(lockName(t))
 		cond := sync.NewCond(m)
 		const n = 3
@@ -838,7 +838,7 @@ func TestNonReentrant(t *testing.T) {
 // messages under one lock, so under -race a contended round trip takes
 // 5–20ms there (0.2ms on redis-server) and the full size would take minutes.
 func TestHammer(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *testBackend) {
+	eachBackendParallel(t, func(t *testing.T, b *testBackend) {
 		name := lockName(t)
 		counter := name + ".counter"
 		const clients, goroutines = 3, 10
