@@ -131,6 +131,7 @@ func aclWith(without string, with ...string) []string {
 // server answers. (What bounds Check is the Client's side: every option
 // set runs on the first server, the defaults on the others.)
 func TestCheckBoundedByContext(t *testing.T) {
+	skipShort(t, "a fault suite (paused servers)")
 	const bound = 500 * time.Millisecond
 	first := true
 	eachServer(t, func(t *testing.T, _ testedServer, srv *redistest.Server) {

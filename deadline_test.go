@@ -1,11 +1,9 @@
 package remutex
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"sync"
 	"syscall"
 	"testing"
@@ -384,43 +382,6 @@ func (f *releaseCuts) hook() redis.Hook {
 			return fail(cmds, func() error { return next(ctx, cmds) })
 		},
 	}
-}
-
-// TestCloseBounded: Close returns within CloseTimeout while a Lock and a
-// LockContext wait on an address that refuses connections (each call then
-// spends go-redis's dial retries), whatever the go-redis options.
-func TestCloseBounded(t *testing.T) {
-	eachRefusing(t, func(t *testing.T, rdb *redis.Client) {
-		// The Lock's goroutine is parked for good once the Client is closed
-		// (blockClosed), after a warning: the test awaits the warning, so
-		// that nothing of it touches t after the test.
-		parked := make(chan struct{})
-		var once sync.Once
-		logger := slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
-			if bytes.Contains(p, []byte("blocks for good")) {
-				once.Do(func() { close(parked) })
-			}
-			return len(p), nil
-		}), nil))
-		c := clientOn(t, rdb, WithLogger(logger))
-		name := lockName(t)
-		go func() {
-			c.NewMutex(name).Lock()
-			panic("Lock on a closed Client returned")
-		}()
-		ctxDone := make(chan error, 1)
-		go func() { ctxDone <- c.NewMutex(name + "-ctx").LockContext(context.Background()) }()
-		waitFor(t, "Lock and LockContext under way", func() bool {
-			c.mu.Lock()
-			defer c.mu.Unlock()
-			return c.attempts == 2
-		})
-		within(t, "Close", CloseTimeout, c.Close)
-		if err := await(t, ctxDone, "LockContext after Close"); !errors.Is(err, ErrClosed) {
-			t.Errorf("LockContext at Close: got %v, want ErrClosed", err)
-		}
-		await(t, parked, "the Lock on the closed Client to park")
-	})
 }
 
 // writerFunc is an io.Writer of a function.

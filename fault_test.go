@@ -106,6 +106,7 @@ func faultUnlock(t testing.TB, g *faultGoroutine, m *DistMutex) error {
 // another process blocks; the waiter takes over within lease + 1s, with a
 // greater fence, and the register shows no overlap.
 func TestFaultHolderKilled(t *testing.T) {
+	skipShort(t, "a fault suite")
 	srv := redistest.Start(t)
 	reg := redistest.NewRegister(t)
 	name := lockName(t)
@@ -162,6 +163,7 @@ func TestFaultHolderKilled(t *testing.T) {
 // within one renewal interval, UnlockContext reports ErrLockLost and Unlock
 // does not panic.
 func TestFaultHolderPaused(t *testing.T) {
+	skipShort(t, "a fault suite")
 	srv := redistest.Start(t)
 	reg := redistest.NewRegister(t)
 	name := lockName(t)
@@ -235,6 +237,7 @@ func TestFaultHolderPaused(t *testing.T) {
 // the holder declares its hold lost before the lease ends on the server, and
 // a waiter acquires only after that.
 func TestFaultRenewalBlackholed(t *testing.T) {
+	skipShort(t, "a fault suite")
 	const lease = 2 * time.Second
 	srv := redistest.Start(t)
 	reg := redistest.NewRegister(t)
@@ -312,6 +315,7 @@ func TestFaultRenewalBlackholed(t *testing.T) {
 // must not report the lock as held, while another Client takes the lock in
 // between.
 func TestFaultLateAcquireReply(t *testing.T) {
+	skipShort(t, "a fault suite")
 	const latency = 2 * faultLease
 	srv := redistest.Start(t)
 	reg := redistest.NewRegister(t)
@@ -422,6 +426,7 @@ func TestFaultLateAcquireReply(t *testing.T) {
 // scripts and the full ones); go-redis (or remutex) sends it again. Counts
 // must not change twice, no hold may remain, and no loss may be reported.
 func TestFaultConnectionReset(t *testing.T) {
+	skipShort(t, "a fault suite")
 	srv := redistest.Start(t)
 	name := lockName(t)
 	k := keysOf(name)
@@ -579,6 +584,7 @@ func faultUnlockLost(t testing.TB, g *faultGoroutine, m *DistMutex) {
 // empty, while a lock is held. The holder learns of the loss, Unlock reports
 // it, a new Client acquires, and fences keep rising.
 func TestFaultServerRestarted(t *testing.T) {
+	skipShort(t, "a fault suite")
 	srv := redistest.Start(t)
 	reg := redistest.NewRegister(t)
 	name := lockName(t)
@@ -615,6 +621,7 @@ func TestFaultServerRestarted(t *testing.T) {
 // holder declares its hold lost while the server is stopped; afterwards the
 // waiter holds, and it alone.
 func TestFaultServerPaused(t *testing.T) {
+	skipShort(t, "a fault suite")
 	srv := redistest.Start(t)
 	reg := redistest.NewRegister(t)
 	name := lockName(t)
@@ -673,6 +680,7 @@ func TestFaultServerPaused(t *testing.T) {
 // TestFaultScriptFlush: SCRIPT FLUSH between acquire, renewal, nested lock,
 // wake-up and release; everything still works (EVALSHA falls back to EVAL).
 func TestFaultScriptFlush(t *testing.T) {
+	skipShort(t, "a fault suite")
 	srv := redistest.Start(t)
 	name := lockName(t)
 	k := keysOf(name)
@@ -766,6 +774,7 @@ func TestFaultScriptFlush(t *testing.T) {
 // evicts the lock's key; the holder learns of the loss. With the memory still
 // full, acquiring meets OOM, which comes back as an error at once.
 func TestFaultEviction(t *testing.T) {
+	skipShort(t, "a fault suite")
 	srv := redistest.Start(t, "--maxmemory", "4mb", "--maxmemory-policy", "volatile-lru")
 	name := lockName(t)
 	k := keysOf(name)
@@ -869,6 +878,7 @@ func TestFaultEviction(t *testing.T) {
 // (Lock panics with it); users who may not subscribe, or may not use the
 // lock's channel at all, still lock and wake through polling.
 func TestFaultACL(t *testing.T) {
+	skipShort(t, "a fault suite")
 	srv := redistest.Start(t)
 	ctx := context.Background()
 	direct := rdbAt(t, srv.Addr())
@@ -977,6 +987,7 @@ func TestFaultACL(t *testing.T) {
 // call leave nothing behind: no hold, no renewal, no queue entry, no grant
 // that would block the lock, and no subscription once it lingered out.
 func TestFaultCancelWhileWaiting(t *testing.T) {
+	skipShort(t, "a fault suite")
 	srv := redistest.Start(t)
 	name := lockName(t)
 	k := keysOf(name)
@@ -1058,6 +1069,7 @@ func TestFaultCancelWhileWaiting(t *testing.T) {
 // TestFaultNoStarvation: a hog goroutine that locks again every 10 ms does
 // not starve another Client's waiter, which gets 10 acquisitions within 30s.
 func TestFaultNoStarvation(t *testing.T) {
+	skipShort(t, "a fault suite")
 	srv := redistest.Start(t)
 	reg := redistest.NewRegister(t)
 	name := lockName(t)
@@ -1140,6 +1152,7 @@ func TestFaultNoStarvation(t *testing.T) {
 // process may lose a hold, and every write a live process reported is there.
 // REMUTEX_SOAK sets the duration (default 15s).
 func TestFaultSoak(t *testing.T) {
+	skipShort(t, "a soak")
 	duration := 15 * time.Second
 	if s := os.Getenv("REMUTEX_SOAK"); s != "" {
 		d, err := time.ParseDuration(s)
@@ -1218,6 +1231,7 @@ func TestFaultSoak(t *testing.T) {
 // its fencing token would repeat. It releases the leftover first, and gets a
 // new token.
 func TestFaultFenceAfterFailedUnlock(t *testing.T) {
+	skipShort(t, "a fault suite")
 	srv := redistest.Shared(t)
 	p := redistest.NewProxy(t, srv.Addr())
 	c := clientOn(t, newRDB(t, &redis.Options{Addr: p.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1}))

@@ -330,7 +330,7 @@ func subscribers(rdb *redis.Client, prefix string) (int64, error) {
 }
 
 func TestExclusion(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *testBackend) {
+	eachBackendParallel(t, func(t *testing.T, b *testBackend) {
 		name := lockName(t)
 		const clients, goroutines, rounds = 2, 4, 10
 		var inside, overlaps, total atomic.Int64
@@ -645,63 +645,8 @@ func TestLockContextDone(t *testing.T) {
 	})
 }
 
-func TestClose(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *testBackend) {
-		name := lockName(t)
-		kx, ky := keysOf(name+".x"), keysOf(name+".y")
-		ctx := context.Background()
-		rdb := b.rdb(t)
-		errs := newErrorLog()
-		c := clientOn(t, b.rdb(t), WithErrorHandler(errs.handler))
-		other := b.client(t)
-
-		mx := c.NewMutex(name + ".x")
-		my := c.NewMutex(name + ".y")
-		mx.Lock()
-		lostX := mx.Lost()
-		yHolder := other.NewMutex(name + ".y")
-		yHolder.Lock()
-
-		waitCtx := make(chan error, 1)
-		go func() { waitCtx <- my.LockContext(ctx) }()
-		waitPlain := make(chan string, 1)
-		go func() {
-			msg, panicked := panicValue(my.Lock) // blocks for good once c is closed
-			if !panicked {
-				msg = "Lock returned without the lock"
-			}
-			waitPlain <- msg
-		}()
-		waitFor(t, "both waiters queued", func() bool { return rdb.LLen(ctx, ky.queue).Val() == 2 })
-
-		require.NoError(t, c.Close())
-		assert.True(t, isClosed(lostX), "Lost of a hold after Close: got open, want closed")
-		assert.ErrorIs(t, await(t, waitCtx, "the waiting LockContext to return"), ErrClosed)
-		assert.ErrorIs(t, c.Close(), ErrClosed, "second Close")
-
-		// Waiters left nothing queued; the hold was not deleted (its lease
-		// ends it), so nobody enters early.
-		assert.Equal(t, int64(0), rdb.Exists(ctx, ky.queue).Val(), "queue keys after Close: %v", rdb.LRange(ctx, ky.queue, 0, -1).Val())
-		assert.Greater(t, rdb.PTTL(ctx, kx.hash).Val(), time.Duration(0), "PTTL of the held lock after Close")
-		assert.NotEmpty(t, errs.matching(ErrLockLost), "the error handler heard of the lost hold")
-
-		assert.ErrorIs(t, my.LockContext(ctx), ErrClosed, "LockContext after Close")
-		_, err := my.TryLockContext(ctx)
-		assert.ErrorIs(t, err, ErrClosed, "TryLockContext after Close")
-		err = mx.UnlockContext(ctx)
-		assert.ErrorIs(t, err, ErrLockLost, "UnlockContext of a hold lost by Close")
-		assert.ErrorIs(t, err, ErrClosed, "UnlockContext of a hold lost by Close")
-		select {
-		case msg := <-waitPlain:
-			t.Errorf("Lock waiting at Close: %s, want it blocked for good", msg)
-		default:
-		}
-		yHolder.Unlock()
-	})
-}
-
 func TestCondSignal(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *testBackend) {
+	eachBackendParallel(t, func(t *testing.T, b *testBackend) {
 		m := b.client(t).NewMutex(lockName(t))
 		cond := sync.NewCond(m)
 		ready := false // guarded by m
@@ -729,7 +674,7 @@ func TestCondSignal(t *testing.T) {
 }
 
 func TestCondBroadcast(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *testBackend) {
+	eachBackendParallel(t, func(t *testing.T, b *testBackend) {
 		m := b.client(t).NewMutex(lockName(t))
 		cond := sync.NewCond(m)
 		const n = 3
@@ -838,7 +783,7 @@ func TestNonReentrant(t *testing.T) {
 // messages under one lock, so under -race a contended round trip takes
 // 5–20ms there (0.2ms on redis-server) and the full size would take minutes.
 func TestHammer(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *testBackend) {
+	eachBackendParallel(t, func(t *testing.T, b *testBackend) {
 		name := lockName(t)
 		counter := name + ".counter"
 		const clients, goroutines = 3, 10

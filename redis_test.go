@@ -63,13 +63,36 @@ const serverOnlyEnv = "REMUTEX_SERVER_ONLY"
 // set) and on the shared real redis-server.
 func eachBackend(t *testing.T, f func(t *testing.T, b *testBackend)) {
 	t.Helper()
+	runBackends(t, false, f)
+}
+
+// eachBackendParallel is eachBackend for a test that touches no server-wide
+// state (no SCRIPT FLUSH, CONFIG SET, FLUSHALL, KEYS or SCAN over all keys,
+// no counting of commands or goroutines, no package-level hook), keeps to
+// keys of its own (lockName) and asserts no timing that the load of other
+// tests could break: it runs beside the package's other parallel tests
+// (after every serial one), and its two backends at once.
+func eachBackendParallel(t *testing.T, f func(t *testing.T, b *testBackend)) {
+	t.Helper()
+	t.Parallel()
+	runBackends(t, true, f)
+}
+
+func runBackends(t *testing.T, parallel bool, f func(t *testing.T, b *testBackend)) {
+	t.Helper()
 	if os.Getenv(serverOnlyEnv) != "1" {
 		t.Run("miniredis", func(t *testing.T) {
+			if parallel {
+				t.Parallel()
+			}
 			mr := miniredis.RunT(t)
 			f(t, &testBackend{name: "miniredis", addr: mr.Addr(), mr: mr})
 		})
 	}
 	t.Run("redis-server", func(t *testing.T) {
+		if parallel {
+			t.Parallel()
+		}
 		srv := redistest.Shared(t)
 		f(t, &testBackend{name: "redis-server", addr: srv.Addr(), srv: srv})
 	})
@@ -149,6 +172,16 @@ func (w testWriter) Write(p []byte) (int, error) {
 // server never meet each other's keys.
 func lockName(t testing.TB) string {
 	return strings.NewReplacer("/", ".", " ", "_").Replace(t.Name()) + "." + strconv.FormatInt(time.Now().UnixNano(), 36)
+}
+
+// skipShort skips t under -short, the quick loop of behaviour tests; why
+// names the kind of test the loop leaves out (fault suites, soaks and
+// failovers, which start topologies and wait out leases).
+func skipShort(t *testing.T, why string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("skipped under -short: " + why)
+	}
 }
 
 // eachFreshBackend is eachBackend with a redis-server of the test's own

@@ -102,7 +102,7 @@ func TestSyncRWParallelReaders(t *testing.T) {
 // locks (NonReentrant, so that the test goroutine is any holder, as with
 // sync.RWMutex), then HammerRWMutex.
 func TestSyncRWMutex(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *testBackend) {
+	eachBackendParallel(t, func(t *testing.T, b *testBackend) {
 		m := b.client(t).NewRWMutex(lockName(t), NonReentrant())
 		m.Lock()
 		assert.False(t, m.TryLock(), "TryLock succeeded with mutex locked")

@@ -50,7 +50,7 @@ func TestSemaphoreResendAnswersOwnFence(t *testing.T) {
 // (from the release on): the holding never counts as valid locally after
 // Redis has dropped it and handed its permits on.
 func TestSemaphorePartialReleaseRenews(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *testBackend) {
+	eachBackendParallel(t, func(t *testing.T, b *testBackend) {
 		const lease = 3 * time.Second
 		name := lockName(t)
 		ctx := testCtx(t, hangGuard)

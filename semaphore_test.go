@@ -156,7 +156,7 @@ func hammerWeighted(ctx context.Context, sem *DistSemaphore, n int64, loops int,
 // TestWeighted: goroutine i of n acquires i permits of a semaphore of size
 // n, over and over; never more than n are held at once.
 func TestWeighted(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *testBackend) {
+	eachBackendParallel(t, func(t *testing.T, b *testBackend) {
 		const n, loops = 4, 15
 		name := lockName(t)
 		sem := b.client(t).NewSemaphore(name, n)
@@ -607,7 +607,7 @@ func TestSemaphoreZeroPermits(t *testing.T) {
 // ones behind it (no barging, TryAcquire included); one release serves every
 // head that fits.
 func TestSemaphoreFIFOAcrossClients(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *testBackend) {
+	eachBackendParallel(t, func(t *testing.T, b *testBackend) {
 		name := lockName(t)
 		rdb := b.rdb(t)
 		sems := semsOn(t, b, name, 2, 4)
@@ -720,7 +720,7 @@ func TestSemaphoreDo(t *testing.T) {
 // latest held acquisition's, Lost its channel (closed when nothing is
 // held). Without the option Fence is 0.
 func TestSemaphoreFencing(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *testBackend) {
+	eachBackendParallel(t, func(t *testing.T, b *testBackend) {
 		name := lockName(t)
 		rdb := b.rdb(t)
 		sems := semsOn(t, b, name, 2, 2, WithFencing())

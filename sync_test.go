@@ -42,7 +42,7 @@ func hammerMutex(m *DistMutex, loops int, inside *atomic.Int64, overlaps *atomic
 // TestSyncMutex is sync's TestMutex: goroutines of two Clients hammer one
 // lock; none may find another inside.
 func TestSyncMutex(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *testBackend) {
+	eachBackendParallel(t, func(t *testing.T, b *testBackend) {
 		name := lockName(t)
 		ms := []*DistMutex{b.client(t).NewMutex(name), b.client(t).NewMutex(name)}
 		var inside, overlaps atomic.Int64
@@ -108,7 +108,7 @@ func TestSyncMutexFairness(t *testing.T) {
 // TestSyncCondSignalGenerations is sync's test of the same name: waiters
 // woken by Signal, one at a time, in the order they waited.
 func TestSyncCondSignalGenerations(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *testBackend) {
+	eachBackendParallel(t, func(t *testing.T, b *testBackend) {
 		m := b.client(t).NewMutex(lockName(t))
 		c := sync.NewCond(m)
 		const n = 20

@@ -80,7 +80,7 @@ func TestStaleGrantAfterEntryGone(t *testing.T) {
 // error (a dropped connection, a failover in progress) retries with
 // backoff, also once its subscription is confirmed: it never spins.
 func TestWaiterBacksOffOnErrors(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *testBackend) {
+	eachBackendParallel(t, func(t *testing.T, b *testBackend) {
 		name := lockName(t)
 		holder := b.client(t).NewMutex(name)
 		holder.Lock()

@@ -126,7 +126,7 @@ func (r *deliveryRig) checkIntact(t *testing.T, late *redistest.Fault, lost <-ch
 // connection, sent again on another and answered. The goroutine locks
 // again; then the held release arrives.
 func TestLateUndoOfTryLockContext(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *testBackend) {
+	eachBackendParallel(t, func(t *testing.T, b *testBackend) {
 		r := newDeliveryRig(t, b)
 		late := r.holdUndo(mutexScripts.release)
 		cut := r.dropNextReply()
@@ -152,7 +152,7 @@ func TestLateUndoOfTryLockContext(t *testing.T) {
 // answered. The other Client unlocks, the goroutine locks again; then the
 // held leave arrives.
 func TestLateUndoOfLockContext(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *testBackend) {
+	eachBackendParallel(t, func(t *testing.T, b *testBackend) {
 		r := newDeliveryRig(t, b)
 		og := newFaultGoroutine(t)
 		og.do(t, hangGuard, "the other Client's Lock", r.other.Lock)
@@ -178,7 +178,7 @@ func TestLateUndoOfLockContext(t *testing.T) {
 // on its connection, sent again on another and answered. The goroutine
 // locks again; then the held release arrives.
 func TestLateUndoOfUnlockContext(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *testBackend) {
+	eachBackendParallel(t, func(t *testing.T, b *testBackend) {
 		r := newDeliveryRig(t, b)
 		r.g.do(t, hangGuard, "Lock", r.m.Lock)
 		late := r.holdUndo(mutexScripts.release)

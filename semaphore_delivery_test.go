@@ -17,7 +17,7 @@ import (
 // holds, it is dropped, not granted again: the holding's deadline is not
 // cut back to a claim, and no other holder gets in beside it.
 func TestLateFirstCallOfASemaphoreWait(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *testBackend) {
+	eachBackendParallel(t, func(t *testing.T, b *testBackend) {
 		p := redistest.NewFaultProxy(t, b.addr)
 		rdb := newRDB(t, &redis.Options{Addr: p.Addr(), ReadTimeout: deliveryReadTimeout})
 		name := lockName(t)

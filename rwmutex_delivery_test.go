@@ -16,7 +16,7 @@ import (
 // leaves the new read hold alone: after the write Unlock, no writer gets in
 // beside it.
 func TestLateUndoOfAPinnedRead(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *testBackend) {
+	eachBackendParallel(t, func(t *testing.T, b *testBackend) {
 		p := redistest.NewFaultProxy(t, b.addr)
 		rdb := newRDB(t, &redis.Options{Addr: p.Addr(), ReadTimeout: deliveryReadTimeout})
 		name := lockName(t)
