@@ -101,8 +101,6 @@ func runChild(role string) int {
 		return rwRole(cfg)
 	case "sem":
 		return semRole(cfg)
-	case "partition":
-		return partitionRole(cfg)
 	case "once":
 		return onceRole(cfg)
 	}

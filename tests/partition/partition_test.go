@@ -1,4 +1,4 @@
-package remutex
+package partition
 
 import (
 	"bufio"
@@ -16,6 +16,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/remutex/remutex"
 	"github.com/remutex/remutex/internal/redistest"
 )
 
@@ -54,7 +55,7 @@ const (
 	partBack = partLease + 5*time.Second
 )
 
-// TestPartition runs the suite for each primitive.
+// TestPartition runs the suite for each primitive, the three at once.
 func TestPartition(t *testing.T) {
 	redistest.RequireNetns(t)
 	redistest.Require(t, "redis-server")
@@ -72,9 +73,12 @@ func TestPartition(t *testing.T) {
 			t.Fatalf("%s=%q: %v", partSeedEnv, s, err)
 		}
 	}
+	// The three kinds run at once, each with its own namespaces, servers
+	// and register: nothing of one run reaches another's.
 	for i, kind := range []string{"mutex", "rw", "sem"} {
 		t.Run(kind, func(t *testing.T) {
-			t.Logf("seed %d (replay: %s=%d go test -run 'TestPartition/%s')", seed, partSeedEnv, seed, kind)
+			t.Parallel()
+			t.Logf("seed %d (replay: %s=%d go test ./tests/partition -run 'TestPartition/%s')", seed, partSeedEnv, seed, kind)
 			run := startPartition(t, partConfig{kind: kind, seed: seed + uint64(i), net: true})
 			run.replay = seed
 			run.nemesis(t, d)
@@ -761,23 +765,23 @@ type partLocker struct {
 }
 
 // partLockers returns a locker per goroutine of a holder process.
-func partLockers(c *Client, kind string, n int) []partLocker {
+func partLockers(c *remutex.Client, kind string, n int) []partLocker {
 	var ls []partLocker
 	switch kind {
 	case "mutex":
-		m := c.NewMutex("partition", WithLease(partLease), WithFencing())
+		m := c.NewMutex("partition", remutex.WithLease(partLease), remutex.WithFencing())
 		for range n {
 			ls = append(ls, partLocker{true, m.LockContext, m.UnlockContext, m.Lost, m.Fence})
 		}
 	case "rw":
-		rw := c.NewRWMutex("partition", WithLease(partLease), WithFencing())
+		rw := c.NewRWMutex("partition", remutex.WithLease(partLease), remutex.WithFencing())
 		for range n {
 			ls = append(ls, partLocker{true, rw.LockContext, rw.UnlockContext, rw.Lost, rw.Fence})
 		}
 		ls = append(ls, partLocker{false, rw.RLockContext, rw.RUnlockContext, rw.Lost, rw.Fence})
 	case "sem":
 		for range n {
-			s := c.NewSemaphore("partition", partPermits, WithLease(partLease), WithFencing())
+			s := c.NewSemaphore("partition", partPermits, remutex.WithLease(partLease), remutex.WithFencing())
 			ls = append(ls, partLocker{true,
 				func(ctx context.Context) error { return s.Acquire(ctx, 1) },
 				func(ctx context.Context) error { return s.ReleaseContext(ctx, 1) },
@@ -804,7 +808,7 @@ func partitionRole(cfg childConfig) int {
 	seed, _ := strconv.ParseUint(os.Getenv(partSeedChild), 10, 64)
 	broken := os.Getenv(partBrokenEnv)
 	rdb := redis.NewClient(&redis.Options{Addr: cfg.addr})
-	c := NewClient(rdb, WithLogger(slog.New(slog.DiscardHandler)))
+	c := remutex.NewClient(rdb, remutex.WithLogger(slog.New(slog.DiscardHandler)))
 	reg := redistest.OpenRegister(cfg.register, cfg.registerKey)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -848,7 +852,7 @@ func partHoldOnce(ctx context.Context, rng *rand.Rand, l partLocker, reg *redist
 	if err == nil {
 		fence = l.fence()
 	}
-	redistest.Emit("p", "lock", g, seq, mode, call.UnixNano(), deadline.UnixNano(), ret.UnixNano(), faultErrKind(err), fence)
+	redistest.Emit("p", "lock", g, seq, mode, call.UnixNano(), deadline.UnixNano(), ret.UnixNano(), errKind(err), fence)
 	if err != nil {
 		return
 	}
@@ -879,7 +883,7 @@ func partHoldOnce(ctx context.Context, rng *rand.Rand, l partLocker, reg *redist
 	err = l.unlock(uctx)
 	ret = time.Now()
 	ucancel()
-	redistest.Emit("p", "unlock", g, seq, mode, call.UnixNano(), deadline.UnixNano(), ret.UnixNano(), faultErrKind(err))
+	redistest.Emit("p", "unlock", g, seq, mode, call.UnixNano(), deadline.UnixNano(), ret.UnixNano(), errKind(err))
 }
 
 // TestCheckPartition: the checks on histories made up for them.
@@ -977,7 +981,7 @@ func partSection(ctx context.Context, rng *rand.Rand, reg *redistest.Register, f
 		} else {
 			ok, err = reg.End(wctx, fence, writer)
 		}
-		redistest.Emit("p", "write", g, seq, op, call.UnixNano(), time.Now().UnixNano(), faultBool(ok, err))
+		redistest.Emit("p", "write", g, seq, op, call.UnixNano(), time.Now().UnixNano(), boolText(ok, err))
 		if op == "begin" {
 			time.Sleep(partBetween(rng, time.Millisecond, 100*time.Millisecond))
 		}
