@@ -312,6 +312,7 @@ func (env *robustEnv) checkFree() {
 }
 
 func TestRobustness(t *testing.T) {
+	skipShort(t, "the robustness test runs seeded traffic under faults for its whole duration")
 	seed := *robustSeedFlag
 	if seed == 0 {
 		seed = rand.Uint64()

@@ -188,6 +188,9 @@ var kinds = []kind{
 // must be made, the lock must pass from old to new and from new to old
 // holders, and no key but the fence counter may be left behind.
 func TestMixedFleet(t *testing.T) {
+	if testing.Short() {
+		t.Skip("skipped under -short: it builds the remutex command of an earlier commit")
+	}
 	oldBin, newBin := commands(t)
 	for _, k := range kinds {
 		t.Run(k.name, func(t *testing.T) { mixedFleet(t, k, oldBin, newBin) })

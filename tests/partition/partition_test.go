@@ -57,6 +57,9 @@ const (
 
 // TestPartition runs the suite for each primitive, the three at once.
 func TestPartition(t *testing.T) {
+	if testing.Short() {
+		t.Skip("skipped under -short: the partition suite cuts holders apart in network namespaces for its whole duration")
+	}
 	redistest.RequireNetns(t)
 	redistest.Require(t, "redis-server")
 	d := partShort
@@ -93,6 +96,9 @@ func TestPartition(t *testing.T) {
 // a run of correct holders and fail one whose holder writes with a stale
 // fence (the one before its own).
 func TestPartitionChecks(t *testing.T) {
+	if testing.Short() {
+		t.Skip("skipped under -short: it runs holders in network namespaces")
+	}
 	for _, tc := range []struct {
 		broken string
 		want   []string // kinds, one of which must be found; nil: none at all
