@@ -27,69 +27,27 @@ import (
 
 // ---------------------------------------------------------------- children
 
-// The environment of a child: what childConfig says.
-const (
-	childAddrEnv     = "REMUTEX_CHILD_ADDR"
-	childNameEnv     = "REMUTEX_CHILD_NAME"
-	childLeaseEnv    = "REMUTEX_CHILD_LEASE"
-	childRegEnv      = "REMUTEX_CHILD_REGISTER"
-	childRegKeyEnv   = "REMUTEX_CHILD_REGISTER_KEY"
-	childIDEnv       = "REMUTEX_CHILD_ID"
-	childRoutinesEnv = "REMUTEX_CHILD_GOROUTINES"
-)
-
-// childConfig is what a child is told: its role, the Redis and lock it
-// works on, and the register it writes to.
-type childConfig struct {
-	role        string
-	addr        string
-	name        string
-	lease       time.Duration
-	register    string // address of the register's server
-	registerKey string
-	id          string
-	goroutines  int
-}
-
-func (c childConfig) env() []string {
-	return []string{
-		childAddrEnv + "=" + c.addr,
-		childNameEnv + "=" + c.name,
-		childLeaseEnv + "=" + c.lease.String(),
-		childRegEnv + "=" + c.register,
-		childRegKeyEnv + "=" + c.registerKey,
-		childIDEnv + "=" + c.id,
-		childRoutinesEnv + "=" + strconv.Itoa(c.goroutines),
-	}
-}
+// childConfig is what a holder child is told (see redistest.HolderConfig).
+type childConfig = redistest.HolderConfig
 
 // startChild starts a child process in cfg's role; it is killed and reaped
 // at the end of the test.
 func startChild(t testing.TB, cfg childConfig) *redistest.Child {
 	t.Helper()
-	return redistest.StartChild(t, cfg.role, cfg.id, cfg.env()...)
+	return redistest.StartHolder(t, cfg)
 }
 
 // startChildHolder starts a child that holds lock name on the Redis at addr
 // with the given lease (the role "hold").
 func startChildHolder(t testing.TB, addr, name string, lease time.Duration) *redistest.Child {
 	t.Helper()
-	return startChild(t, childConfig{role: "hold", addr: addr, name: name, lease: lease, id: "holder"})
+	return startChild(t, childConfig{Role: "hold", Addr: addr, Name: name, Lease: lease, ID: "holder"})
 }
 
 // runChild is the test binary run as a child (see TestMain): it reads its
 // childConfig and plays role.
 func runChild(role string) int {
-	cfg := childConfig{
-		role:        role,
-		addr:        os.Getenv(childAddrEnv),
-		name:        os.Getenv(childNameEnv),
-		register:    os.Getenv(childRegEnv),
-		registerKey: os.Getenv(childRegKeyEnv),
-		id:          os.Getenv(childIDEnv),
-	}
-	cfg.lease, _ = time.ParseDuration(os.Getenv(childLeaseEnv))
-	cfg.goroutines, _ = strconv.Atoi(os.Getenv(childRoutinesEnv))
+	cfg := redistest.HolderFromEnv(role)
 	switch role {
 	case "hold":
 		return holdRole(cfg)
@@ -108,15 +66,15 @@ func runChild(role string) int {
 	return 2
 }
 
-// holdRole locks cfg.name (WithFencing) and emits "locked <fence>"; when the
+// holdRole locks cfg.Name (WithFencing) and emits "locked <fence>"; when the
 // hold is lost it unlocks and emits "lost <whether UnlockContext reported
 // ErrLockLost>".
 func holdRole(cfg childConfig) int {
-	rdb := redis.NewClient(&redis.Options{Addr: cfg.addr})
+	rdb := redis.NewClient(&redis.Options{Addr: cfg.Addr})
 	defer rdb.Close()
 	c := NewClient(rdb, WithLogger(slog.New(slog.DiscardHandler)))
 	defer c.Close()
-	m := c.NewMutex(cfg.name, WithLease(cfg.lease), WithFencing())
+	m := c.NewMutex(cfg.Name, WithLease(cfg.Lease), WithFencing())
 	if err := m.LockContext(context.Background()); err != nil {
 		redistest.Emit("error", faultErrKind(err))
 		return 1
@@ -273,11 +231,11 @@ func faultErrKind(err error) string {
 //
 // The error handler's reports are emitted as "handler <error kind>".
 func faultHolderRole(cfg childConfig) int {
-	rdb := redis.NewClient(&redis.Options{Addr: cfg.addr})
+	rdb := redis.NewClient(&redis.Options{Addr: cfg.Addr})
 	c := NewClient(rdb, WithErrorHandler(func(err error) { redistest.Emit("handler", faultErrKind(err)) }))
-	m := c.NewMutex(cfg.name, WithLease(cfg.lease), WithFencing())
-	reg := redistest.OpenRegister(cfg.register, cfg.registerKey)
-	writer := "child" + cfg.id + "." + strconv.Itoa(os.Getpid())
+	m := c.NewMutex(cfg.Name, WithLease(cfg.Lease), WithFencing())
+	reg := redistest.OpenRegister(cfg.Register, cfg.RegisterKey)
+	writer := "child" + cfg.ID + "." + strconv.Itoa(os.Getpid())
 	ctx := context.Background()
 	redistest.Emit("ready")
 	sc := bufio.NewScanner(os.Stdin)
@@ -331,24 +289,24 @@ func faultBool(ok bool, err error) string {
 	return "0"
 }
 
-// faultSoakRole runs cfg.goroutines goroutines that lock, write to the
+// faultSoakRole runs cfg.Goroutines goroutines that lock, write to the
 // register inside the lock, and unlock, until "stop" arrives on stdin. Each
 // hold emits "h <fence>" when taken and "w <fence>" once its write and
 // unlock succeeded; anything wrong is emitted as "bad <what>". At the end it
 // emits "done <holds>".
 func faultSoakRole(cfg childConfig) int {
-	rdb := redis.NewClient(&redis.Options{Addr: cfg.addr})
+	rdb := redis.NewClient(&redis.Options{Addr: cfg.Addr})
 	c := NewClient(rdb, WithErrorHandler(func(err error) {
 		if errors.Is(err, ErrLockLost) {
 			redistest.Emit("bad", "handler", faultErrKind(err))
 		}
 	}))
-	m := c.NewMutex(cfg.name, WithLease(cfg.lease), WithFencing())
-	reg := redistest.OpenRegister(cfg.register, cfg.registerKey)
+	m := c.NewMutex(cfg.Name, WithLease(cfg.Lease), WithFencing())
+	reg := redistest.OpenRegister(cfg.Register, cfg.RegisterKey)
 	ctx, cancel := context.WithCancel(context.Background())
 	var holds atomic.Int64
 	var wg sync.WaitGroup
-	for g := 0; g < cfg.goroutines; g++ {
+	for g := 0; g < cfg.Goroutines; g++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -365,7 +323,7 @@ func faultSoakRole(cfg childConfig) int {
 				f := m.Fence()
 				lost := m.Lost()
 				redistest.Emit("h", f)
-				writer := fmt.Sprintf("c%s.%d.g%d.h%d", cfg.id, os.Getpid(), g, i)
+				writer := fmt.Sprintf("c%s.%d.g%d.h%d", cfg.ID, os.Getpid(), g, i)
 				wctx := context.WithoutCancel(ctx)
 				ok1, err1 := reg.Begin(wctx, f, writer)
 				time.Sleep(time.Millisecond + rand.N(10*time.Millisecond))

@@ -62,7 +62,7 @@ func faultSubscribed(t testing.TB, rdb *redis.Client, channel string) {
 
 func faultHolderChild(t testing.TB, addr, name string, reg *redistest.Register, id string) *redistest.Child {
 	t.Helper()
-	c := startChild(t, childConfig{role: "holder", addr: addr, name: name, lease: faultLease, register: reg.Addr(), registerKey: reg.Key(), id: id})
+	c := startChild(t, childConfig{Role: "holder", Addr: addr, Name: name, Lease: faultLease, Register: reg.Addr(), RegisterKey: reg.Key(), ID: id})
 	c.Expect(t, "ready", 20*time.Second)
 	return c
 }
@@ -1169,8 +1169,8 @@ func TestFaultSoak(t *testing.T) {
 	var all []*redistest.Child
 	spawn := func(id int) *redistest.Child {
 		c := startChild(t, childConfig{
-			role: "soak", addr: srv.Addr(), name: name, lease: faultLease,
-			register: reg.Addr(), registerKey: reg.Key(), id: strconv.Itoa(id), goroutines: goroutines,
+			Role: "soak", Addr: srv.Addr(), Name: name, Lease: faultLease,
+			Register: reg.Addr(), RegisterKey: reg.Key(), ID: strconv.Itoa(id), Goroutines: goroutines,
 		})
 		c.Expect(t, "ready", 20*time.Second)
 		all = append(all, c)

@@ -22,18 +22,18 @@ import (
 	"github.com/remutex/remutex/internal/redistest"
 )
 
-// onceRole runs Do of cfg.name (WithFencing) with an f that begins a write
+// onceRole runs Do of cfg.Name (WithFencing) with an f that begins a write
 // of the register with its fence, emits "running <fence> <accepted>", waits
 // for its context to end (the hold lost), and ends the write; then it emits
 // "done <Do's error kind>".
 func onceRole(cfg childConfig) int {
-	rdb := redis.NewClient(&redis.Options{Addr: cfg.addr})
+	rdb := redis.NewClient(&redis.Options{Addr: cfg.Addr})
 	defer rdb.Close()
 	c := NewClient(rdb, WithLogger(slog.New(slog.DiscardHandler)))
 	defer c.Close()
-	reg := redistest.OpenRegister(cfg.register, cfg.registerKey)
+	reg := redistest.OpenRegister(cfg.Register, cfg.RegisterKey)
 	defer reg.Close()
-	o := c.NewOnce(cfg.name, WithLease(cfg.lease), WithFencing())
+	o := c.NewOnce(cfg.Name, WithLease(cfg.Lease), WithFencing())
 	err := o.Do(context.Background(), func(ctx context.Context) error {
 		fence := o.Fence()
 		ok, err := reg.Begin(context.Background(), fence, "runner")
@@ -68,8 +68,8 @@ func TestOnceRunnerDies(t *testing.T) {
 			rdb := b.rdb(t)
 			name := lockName(t)
 			ctx := testCtx(t, 2*hangGuard)
-			child := startChild(t, childConfig{role: "once", addr: b.addr, name: name, lease: lease,
-				register: reg.Addr(), registerKey: reg.Key(), id: "runner"})
+			child := startChild(t, childConfig{Role: "once", Addr: b.addr, Name: name, Lease: lease,
+				Register: reg.Addr(), RegisterKey: reg.Key(), ID: "runner"})
 			ev := child.Expect(t, "running", hangGuard)
 			require.Equal(t, "true", ev[1], "the runner's write accepted")
 

@@ -30,9 +30,9 @@ import (
 //	unlock!    Unlock, not recovered
 //	exit       closes the Client and exits
 func rwRole(cfg childConfig) int {
-	rdb := redis.NewClient(&redis.Options{Addr: cfg.addr})
+	rdb := redis.NewClient(&redis.Options{Addr: cfg.Addr})
 	c := NewClient(rdb, WithLogger(slog.New(slog.DiscardHandler)))
-	rw := c.NewRWMutex(cfg.name, WithLease(cfg.lease), WithFencing())
+	rw := c.NewRWMutex(cfg.Name, WithLease(cfg.Lease), WithFencing())
 	redistest.Emit("ready")
 	sc := bufio.NewScanner(os.Stdin)
 	for sc.Scan() {
@@ -59,7 +59,7 @@ func rwRole(cfg childConfig) int {
 // startRWChild starts a child in the role "rw" on lock name at addr.
 func startRWChild(t testing.TB, addr, name string, lease time.Duration) *redistest.Child {
 	t.Helper()
-	ch := startChild(t, childConfig{role: "rw", addr: addr, name: name, lease: lease, id: "rw"})
+	ch := startChild(t, childConfig{Role: "rw", Addr: addr, Name: name, Lease: lease, ID: "rw"})
 	ch.Expect(t, "ready", hangGuard)
 	return ch
 }

@@ -33,20 +33,20 @@ const (
 	childCounterEnv = "REMUTEX_CHILD_COUNTER"
 )
 
-// semRole is a child that works a DistSemaphore of cfg.name (its size in
+// semRole is a child that works a DistSemaphore of cfg.Name (its size in
 // REMUTEX_CHILD_SIZE) under the parent's commands, one per stdin line:
 //
 //	acquire <n>   Acquire; emits "acquired <Held>" or "error <kind>"
 //	release <n>   ReleaseContext; emits "released <error kind>"
-//	hammer <r>    runs semHammer with cfg.goroutines goroutines of r rounds
+//	hammer <r>    runs semHammer with cfg.Goroutines goroutines of r rounds
 //	              on the counter in REMUTEX_CHILD_COUNTER; emits "hammered
 //	              <acquisitions> <most inside>" or "bad <what>"
 //	exit          closes the Client and exits
 func semRole(cfg childConfig) int {
 	size, _ := strconv.ParseInt(os.Getenv(childSizeEnv), 10, 64)
-	rdb := redis.NewClient(&redis.Options{Addr: cfg.addr})
+	rdb := redis.NewClient(&redis.Options{Addr: cfg.Addr})
 	c := NewClient(rdb, WithLogger(slog.New(slog.DiscardHandler)))
-	s := c.NewSemaphore(cfg.name, size, WithLease(cfg.lease))
+	s := c.NewSemaphore(cfg.Name, size, WithLease(cfg.Lease))
 	ctx := context.Background()
 	redistest.Emit("ready")
 	sc := bufio.NewScanner(os.Stdin)
@@ -64,7 +64,7 @@ func semRole(cfg childConfig) int {
 			redistest.Emit("released", faultErrKind(s.ReleaseContext(ctx, n)))
 		case "hammer":
 			h := &semHammer{sems: []*DistSemaphore{s}, rdb: rdb, counter: os.Getenv(childCounterEnv), rounds: int(n)}
-			if err := h.run(ctx, cfg.goroutines); err != nil {
+			if err := h.run(ctx, cfg.Goroutines); err != nil {
 				redistest.Emit("bad", strings.ReplaceAll(err.Error(), " ", "_"))
 			} else {
 				redistest.Emit("hammered", h.acquisitions.Load(), h.most.Load())
@@ -82,8 +82,8 @@ func semRole(cfg childConfig) int {
 // size at addr; it is killed and reaped at the end of the test.
 func startSemChild(t testing.TB, addr, name string, size int64, lease time.Duration, goroutines int, counter string) *redistest.Child {
 	t.Helper()
-	cfg := childConfig{role: "sem", addr: addr, name: name, lease: lease, id: "sem", goroutines: goroutines}
-	ch := redistest.StartChild(t, cfg.role, cfg.id, append(cfg.env(),
+	cfg := childConfig{Role: "sem", Addr: addr, Name: name, Lease: lease, ID: "sem", Goroutines: goroutines}
+	ch := redistest.StartChild(t, cfg.Role, cfg.ID, append(cfg.Env(),
 		childSizeEnv+"="+strconv.FormatInt(size, 10), childCounterEnv+"="+counter)...)
 	ch.Expect(t, "ready", hangGuard)
 	return ch

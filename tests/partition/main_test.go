@@ -4,10 +4,8 @@ import (
 	"context"
 	"errors"
 	"os"
-	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/remutex/remutex"
 	"github.com/remutex/remutex/internal/redistest"
@@ -24,55 +22,10 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// The environment of a child: what childConfig says.
-const (
-	childAddrEnv     = "REMUTEX_CHILD_ADDR"
-	childNameEnv     = "REMUTEX_CHILD_NAME"
-	childLeaseEnv    = "REMUTEX_CHILD_LEASE"
-	childRegEnv      = "REMUTEX_CHILD_REGISTER"
-	childRegKeyEnv   = "REMUTEX_CHILD_REGISTER_KEY"
-	childIDEnv       = "REMUTEX_CHILD_ID"
-	childRoutinesEnv = "REMUTEX_CHILD_GOROUTINES"
-)
-
-// childConfig is what a holder process is told: its role, the Redis and
-// lock it works on, and the register it writes to.
-type childConfig struct {
-	role        string
-	addr        string
-	name        string
-	lease       time.Duration
-	register    string // address of the register's server
-	registerKey string
-	id          string
-	goroutines  int
-}
-
-func (c childConfig) env() []string {
-	return []string{
-		childAddrEnv + "=" + c.addr,
-		childNameEnv + "=" + c.name,
-		childLeaseEnv + "=" + c.lease.String(),
-		childRegEnv + "=" + c.register,
-		childRegKeyEnv + "=" + c.registerKey,
-		childIDEnv + "=" + c.id,
-		childRoutinesEnv + "=" + strconv.Itoa(c.goroutines),
-	}
-}
-
-// runChild is the test binary run as a child: it reads its childConfig
-// and plays role.
+// runChild is the test binary run as a child: it reads what it was told
+// (redistest.HolderFromEnv) and plays role.
 func runChild(role string) int {
-	cfg := childConfig{
-		role:        role,
-		addr:        os.Getenv(childAddrEnv),
-		name:        os.Getenv(childNameEnv),
-		register:    os.Getenv(childRegEnv),
-		registerKey: os.Getenv(childRegKeyEnv),
-		id:          os.Getenv(childIDEnv),
-	}
-	cfg.lease, _ = time.ParseDuration(os.Getenv(childLeaseEnv))
-	cfg.goroutines, _ = strconv.Atoi(os.Getenv(childRoutinesEnv))
+	cfg := redistest.HolderFromEnv(role)
 	if role == "partition" {
 		return partitionRole(cfg)
 	}

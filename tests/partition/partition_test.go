@@ -169,17 +169,17 @@ func startPartition(t *testing.T, cfg partConfig) *partRun {
 	regSrv := redistest.StartUnix(t)
 	run.reg = redistest.NewRegisterOn(t, regSrv)
 	for i, h := range holders {
-		c := childConfig{role: "partition", addr: srv.Addr(), name: "partition", lease: partLease,
-			register: regSrv.UnixSocket(), registerKey: run.reg.Key(), id: h, goroutines: partRoutine}
-		env := append(c.env(), partKindEnv+"="+cfg.kind, partSeedChild+"="+strconv.FormatUint(cfg.seed+uint64(i+1)*7919, 10))
+		c := redistest.HolderConfig{Role: "partition", Addr: srv.Addr(), Name: "partition", Lease: partLease,
+			Register: regSrv.UnixSocket(), RegisterKey: run.reg.Key(), ID: h, Goroutines: partRoutine}
+		env := append(c.Env(), partKindEnv+"="+cfg.kind, partSeedChild+"="+strconv.FormatUint(cfg.seed+uint64(i+1)*7919, 10))
 		if i == 0 && cfg.broken != "" {
 			env = append(env, partBrokenEnv+"="+cfg.broken)
 		}
 		var ch *redistest.Child
 		if cfg.net {
-			ch = run.net.StartChild(t, h, c.role, h, env...)
+			ch = run.net.StartChild(t, h, c.Role, h, env...)
 		} else {
-			ch = redistest.StartChild(t, c.role, h, env...)
+			ch = redistest.StartChild(t, c.Role, h, env...)
 		}
 		run.children = append(run.children, ch)
 	}
@@ -809,22 +809,22 @@ func partLockers(c *remutex.Client, kind string, n int) []partLocker {
 //
 // and "done" at the end. A semaphore's holders write with fence 0 (the
 // register then counts them; see redistest.Crowds).
-func partitionRole(cfg childConfig) int {
+func partitionRole(cfg redistest.HolderConfig) int {
 	kind := os.Getenv(partKindEnv)
 	seed, _ := strconv.ParseUint(os.Getenv(partSeedChild), 10, 64)
 	broken := os.Getenv(partBrokenEnv)
-	rdb := redis.NewClient(&redis.Options{Addr: cfg.addr})
+	rdb := redis.NewClient(&redis.Options{Addr: cfg.Addr})
 	c := remutex.NewClient(rdb, remutex.WithLogger(slog.New(slog.DiscardHandler)))
-	reg := redistest.OpenRegister(cfg.register, cfg.registerKey)
+	reg := redistest.OpenRegister(cfg.Register, cfg.RegisterKey)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	for g, l := range partLockers(c, kind, cfg.goroutines) {
+	for g, l := range partLockers(c, kind, cfg.Goroutines) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			rng := rand.New(rand.NewPCG(seed, uint64(g)))
 			for seq := 0; ctx.Err() == nil; seq++ {
-				partHoldOnce(ctx, rng, l, reg, kind, broken, cfg.id, g, seq)
+				partHoldOnce(ctx, rng, l, reg, kind, broken, cfg.ID, g, seq)
 			}
 		}()
 	}
