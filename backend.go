@@ -155,9 +155,6 @@ func parseReply(v interface{}) (reply, error) {
 	return reply{code: code, val: val}, err
 }
 
-// toInt64 is an integer script reply (see wire.Int64).
-func toInt64(v interface{}) (int64, error) { return wire.Int64(v) }
-
 // rollback releases a hold nobody will use (a lost hold's field that may be
 // left on the server, a leftover in the way of a new acquisition), best
 // effort and briefly, within ctx: its lease ends it otherwise. keep is the

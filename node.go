@@ -402,7 +402,7 @@ func (n *node) release(ctx context.Context, s *lockSpec, owner interface{}, want
 	if err != nil {
 		return 0, err
 	}
-	res, err := toInt64(v)
+	res, err := wire.Int64(v)
 	if res == releaseHandoff {
 		s.quick.contended()
 	}

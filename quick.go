@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/remutex/remutex/internal/wire"
 )
 
 // quick is what a DistMutex, a DistRWMutex's read side or a DistSemaphore
@@ -117,7 +119,7 @@ func (n *node) quickLock(ctx context.Context, s *lockSpec, r acquireReq) (grante
 	if err != nil {
 		return false, 0, err
 	}
-	f, err := toInt64(v)
+	f, err := wire.Int64(v)
 	switch {
 	case err != nil:
 		return false, 0, err
@@ -162,7 +164,7 @@ func (n *node) quickRelease(ctx context.Context, s *lockSpec, owner interface{})
 		n.log.Warn("remutex: waking the queue after a release failed; its waiters look again at their next refresh", "lock", s.name, "err", err)
 		return releaseDone, nil
 	}
-	if res, _ := toInt64(v); res == releaseHandoff {
+	if res, _ := wire.Int64(v); res == releaseHandoff {
 		return releaseHandoff, nil
 	}
 	return releaseDone, nil
