@@ -116,9 +116,11 @@ func TestRunMinHoldOncePerTick(t *testing.T) {
 
 // TestRunMaxHoldAfterCrash kills, with SIGKILL, the runner that took tick
 // 0 while its job runs. Nobody releases its lock, so it stays held until
-// its --max-hold of 1.5s has passed: tick 1 (at 1s) finds it held and
-// skips, tick 2 (at 2s) runs the job again. On Linux the dead runner's job
-// dies with it.
+// its --max-hold of 3s has passed: tick 1 (at 1s) finds it held and skips,
+// tick 2 (at 5s) runs the job again. The margins of 2s either side of the
+// hold's end, and a --min-hold of 2s that keeps tick 2's runners from each
+// finding the lock free, outlast how late a loaded machine starts a
+// runner. On Linux the dead runner's job dies with it.
 func TestRunMaxHoldAfterCrash(t *testing.T) {
 	t.Parallel()
 	srv := sharedRedis(t)
@@ -126,7 +128,7 @@ func TestRunMaxHoldAfterCrash(t *testing.T) {
 	log := filepath.Join(t.TempDir(), "log")
 	binary(t)
 	// The job of tick 0 hangs; the others are quick.
-	args := []string{"--addr", srv.addr(), "run", "--wait", "0", "--min-hold", "300ms", "--max-hold", "1500ms",
+	args := []string{"--addr", srv.addr(), "run", "--wait", "0", "--min-hold", "2s", "--max-hold", "3s",
 		name, "--", "sh", "-c", `echo "$TICK $RUNNER $$" >> "$LOG"; if [ "$TICK" = 0 ]; then exec sleep 30; fi`}
 	first := time.Now().Add(100 * time.Millisecond)
 
@@ -141,10 +143,10 @@ func TestRunMaxHoldAfterCrash(t *testing.T) {
 		await(t, 10*time.Second, fmt.Sprintf("the dead runner's job (pid %d) to die with it", jobPID), func() bool { return !alive(jobPID) })
 	}
 
-	// Tick 1 comes 0.5s before the dead runner's hold ends, tick 2 0.5s after.
+	// Tick 1 comes 2s before the dead runner's hold ends, tick 2 2s after.
 	// The runners of both ticks start on time; then all are waited for.
 	tick1 := cronRunners(t, first, 1, log, args...)
-	tick2 := cronRunners(t, first, 2, log, args...)
+	tick2 := cronRunners(t, first.Add(3*cronTick), 2, log, args...)
 	for i, p := range tick0 {
 		if code := p.wait(30 * time.Second); i != holder && code != exitTimeout {
 			t.Errorf("tick 0: runner %d, which did not get the lock, exited with %d, want %d; stderr:\n%s", i, code, exitTimeout, p.stderr())
@@ -175,7 +177,9 @@ func TestRunMaxHoldAfterCrash(t *testing.T) {
 
 // TestRunMaxHoldStopsCommand runs a command that outlasts --max-hold: when
 // the fixed lease runs out it gets SIGTERM (then SIGKILL after --grace, as
-// after any lost lease), and run exits with 79 and says why.
+// after any lost lease), and run exits with 79 and says why. The 3s of
+// --max-hold outlast the shell's start, however slow, so its trap is set
+// before the signal comes.
 func TestRunMaxHoldStopsCommand(t *testing.T) {
 	t.Parallel()
 	srv := sharedRedis(t)
@@ -184,7 +188,7 @@ func TestRunMaxHoldStopsCommand(t *testing.T) {
 			t.Parallel()
 			log := filepath.Join(t.TempDir(), "log")
 			script := tt.trap + `; echo ready >> "$LOG"; while :; do sleep 0.05; done`
-			code, _, stderr := run(t, cronEnv("LOG="+log), "", "--addr", srv.addr(), "run", "--max-hold", "500ms", "--grace", "200ms",
+			code, _, stderr := run(t, cronEnv("LOG="+log), "", "--addr", srv.addr(), "run", "--max-hold", "3s", "--grace", "200ms",
 				cronLock(t, "job"), "--", "sh", "-c", script)
 			if code != exitLost {
 				t.Errorf("exit status %d, want %d; stderr:\n%s", code, exitLost, stderr)
@@ -192,7 +196,7 @@ func TestRunMaxHoldStopsCommand(t *testing.T) {
 			if got := readFile(t, log) + stderr; !strings.Contains(got, tt.want) {
 				t.Errorf("log and stderr do not show %q:\n%s", tt.want, got)
 			}
-			for _, want := range []string{"--max-hold 500ms", "the fixed lease ran out"} {
+			for _, want := range []string{"--max-hold 3s", "the fixed lease ran out"} {
 				if !strings.Contains(stderr, want) {
 					t.Errorf("stderr does not mention %q:\n%s", want, stderr)
 				}

@@ -73,15 +73,22 @@ func TestRunPermits(t *testing.T) {
 	for range runs {
 		procs = append(procs, start(t, env, "", "--addr", srv.addr(), "run", "--permits", strconv.Itoa(n), "--lease", "2s", name, "--", "sh", "-c", permitsScript))
 	}
+	// A run counts itself entered, then inside, then logs: the test lets a
+	// batch go only once every run that entered has logged, so that no run
+	// of the batch counts itself inside after another has left.
 	entered := func() int64 { v, _ := rdb.Get(ctx, k+":entered").Int64(); return v }
-	await(t, 30*time.Second, "every run to be inside or queued", func() bool { return entered()+semState(t, srv.addr(), name).Queued == runs })
+	logged := func() int64 { return int64(strings.Count(readFile(t, log), "\n")) }
+	await(t, 30*time.Second, "every run to be inside or queued", func() bool {
+		e := entered()
+		return e+semState(t, srv.addr(), name).Queued == runs && logged() == e
+	})
 	if got := entered(); got != n {
 		t.Errorf("%d runs entered while the others queued, want %d (--permits %d)", got, n, n)
 	}
 	if err := rdb.Set(ctx, k+":go", 1, time.Hour).Err(); err != nil {
 		t.Fatal(err)
 	}
-	await(t, 30*time.Second, "the queued runs to enter", func() bool { return entered() == runs })
+	await(t, 30*time.Second, "the queued runs to enter", func() bool { return entered() == runs && logged() == runs })
 	if err := rdb.Set(ctx, k+":go", 2, time.Hour).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -137,8 +144,10 @@ func TestRunPermitsStatusUnlock(t *testing.T) {
 	srv := sharedRedis(t)
 	addr := srv.addr()
 	name := lockName(t, "sem")
-	a, _, fenceA := holdLock(t, addr, name, "--permits", "2", "--lease", "5s")
-	b, _, fenceB := holdLock(t, addr, name, "--permits", "2", "--lease", "5s")
+	// The frozen holder keeps its permit for its lease, which outlasts the
+	// checks however slowly a loaded machine runs them.
+	a, _, fenceA := holdLock(t, addr, name, "--permits", "2", "--lease", "30s")
+	b, _, fenceB := holdLock(t, addr, name, "--permits", "2", "--lease", "30s")
 	a.signal(syscall.SIGSTOP)
 	out := filepath.Join(t.TempDir(), "out")
 	w := start(t, cliEnv("OUT="+out), "", "--addr", addr, "run", "--permits", "2", name, "--", "sh", "-c", `echo "$REMUTEX_FENCE" > "$OUT"`)
@@ -213,8 +222,8 @@ func checkSemStatus(t *testing.T, addr, name string, holders []*proc, waiter *pr
 	var pids []int
 	for _, h := range st.Holders {
 		pids = append(pids, h.PID)
-		if h.Count != 1 || h.Read || h.TTLMillis <= 0 || h.TTLMillis > 5000 || !strings.Contains(h.Owner, fmt.Sprintf(".%s.%d:", h.Host, h.PID)) {
-			t.Errorf("holder %+v: want 1 permit, ttl_ms within the 5s lease, its host and pid in its owner token", h)
+		if h.Count != 1 || h.Read || h.TTLMillis <= 0 || h.TTLMillis > 30000 || !strings.Contains(h.Owner, fmt.Sprintf(".%s.%d:", h.Host, h.PID)) {
+			t.Errorf("holder %+v: want 1 permit, ttl_ms within the 30s lease, its host and pid in its owner token", h)
 		}
 	}
 	if len(pids) != 2 || !slices.Contains(pids, holders[0].cmd.Process.Pid) || !slices.Contains(pids, holders[1].cmd.Process.Pid) {
