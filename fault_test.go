@@ -1152,6 +1152,7 @@ func TestFaultNoStarvation(t *testing.T) {
 // process may lose a hold, and every write a live process reported is there.
 // REMUTEX_SOAK sets the duration (default 15s).
 func TestFaultSoak(t *testing.T) {
+	t.Parallel() // its own servers; it waits on them (see TestMain)
 	skipShort(t, "a soak")
 	duration := 15 * time.Second
 	if s := os.Getenv("REMUTEX_SOAK"); s != "" {

@@ -14,6 +14,7 @@ import (
 // served takes the permits for the full lease, which its caller counts from
 // the call's send time: Redis keeps them that long.
 func TestSemaphoreClaimTakenForTheLease(t *testing.T) {
+	t.Parallel() // its own keys; a claim is a safety check, which load cannot make fail (see TestMain)
 	skipShort(t, "a soak (twelve rounds past a claim)")
 	srv := redistest.Shared(t)
 	b := &testBackend{name: "redis-server", addr: srv.Addr(), srv: srv}
