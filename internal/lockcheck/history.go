@@ -234,7 +234,7 @@ func (h *History) Watch(hd *Hold, lost <-chan struct{}) (stop func()) {
 
 // Restarted records a Redis restart (the kill) now.
 func (h *History) Restarted() {
-	at := h.Fault("nemesis", "redis-server killed")
+	at := h.Log("nemesis", "redis-server killed")
 	h.mu.Lock()
 	h.restarts = append(h.restarts, at)
 	h.mu.Unlock()
