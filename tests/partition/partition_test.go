@@ -2,12 +2,13 @@ package partition
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"os"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -17,6 +18,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/remutex/remutex"
+	"github.com/remutex/remutex/internal/lockcheck"
 	"github.com/remutex/remutex/internal/redistest"
 )
 
@@ -86,8 +88,8 @@ func TestPartition(t *testing.T) {
 			run.replay = seed
 			run.nemesis(t, d)
 			run.finish(t)
-			t.Log(run.hist.summary())
-			run.reportAll(t, checkPartition(run.hist, run.kind, run.register(t)))
+			t.Log(run.hist.Summary())
+			run.reportAll(t, checkPartition(run.hist, run.register(t)))
 		})
 	}
 }
@@ -104,16 +106,16 @@ func TestPartitionChecks(t *testing.T) {
 		want   []string // kinds, one of which must be found; nil: none at all
 	}{
 		{"", nil},
-		{"stalefence", []string{partRegister, partRefused}},
+		{"stalefence", []string{lockcheck.KindRegister, lockcheck.KindRefused}},
 	} {
 		t.Run("broken="+tc.broken, func(t *testing.T) {
 			run := startPartition(t, partConfig{kind: "mutex", seed: 1, broken: tc.broken})
 			run.await(t, 20)
 			run.finish(t)
-			viol := checkPartition(run.hist, run.kind, run.register(t))
+			viol := checkPartition(run.hist, run.register(t))
 			found, wanted := map[string]int{}, 0
 			for _, v := range viol {
-				found[v.kind]++
+				found[v.Kind]++
 			}
 			for _, k := range tc.want {
 				wanted += found[k]
@@ -124,7 +126,7 @@ func TestPartitionChecks(t *testing.T) {
 			case wanted == 0:
 				t.Errorf("violations: got %v, want some of kind %q", found, tc.want)
 			default:
-				t.Logf("found %v; the first: %s: %s", found, viol[0].kind, viol[0].text)
+				t.Logf("found %v; the first: %s: %s", found, viol[0].Kind, viol[0].Msg)
 			}
 		})
 	}
@@ -154,7 +156,7 @@ type partRun struct {
 
 func startPartition(t *testing.T, cfg partConfig) *partRun {
 	t.Helper()
-	run := &partRun{kind: cfg.kind, seed: cfg.seed, hist: newPartHistory(), stop: make(chan struct{})}
+	run := &partRun{kind: cfg.kind, seed: cfg.seed, stop: make(chan struct{})}
 	holders := make([]string, partHolders)
 	for i := range holders {
 		holders[i] = "h" + strconv.Itoa(i+1)
@@ -186,7 +188,7 @@ func startPartition(t *testing.T, cfg partConfig) *partRun {
 	for _, ch := range run.children {
 		ch.Expect(t, "ready", 30*time.Second)
 	}
-	run.hist.start = time.Now()
+	run.hist = newPartHistory(cfg.kind) // its times count from here
 	for _, ch := range run.children {
 		run.wg.Add(1)
 		go run.collect(ch)
@@ -235,7 +237,7 @@ func (run *partRun) await(t *testing.T, n int) {
 		select {
 		case <-changed:
 		case <-deadline:
-			t.Fatalf("%d holds within a minute, want %d:\n%s", run.hist.acquired(), n, run.hist.summary())
+			t.Fatalf("%d holds within a minute, want %d:\n%s", run.hist.acquired(), n, run.hist.Summary())
 		}
 	}
 }
@@ -275,7 +277,7 @@ func (run *partRun) nemesis(t *testing.T, d time.Duration) {
 	for time.Now().Before(end) {
 		op := ops[rng.IntN(len(ops))]
 		hold := between(0.2, 2.5)
-		run.hist.note("nemesis", op.name+" for "+hold.Round(time.Millisecond).String())
+		run.hist.Fault("nemesis", "%s for %v", op.name, hold.Round(time.Millisecond))
 		if err := op.do(run.net); err != nil {
 			t.Fatal(err)
 		}
@@ -284,10 +286,9 @@ func (run *partRun) nemesis(t *testing.T, d time.Duration) {
 			t.Fatal(err)
 		}
 		healed := time.Now()
-		run.hist.note("nemesis", "heal")
+		at := run.hist.Log("nemesis", "heal")
 		if !run.hist.waitAcquired(healed, partBack) {
-			run.hist.violate(partViolation{at: healed, kind: partIdle,
-				text: fmt.Sprintf("no acquisition within %v of the heal at %s", partBack, run.hist.rel(healed))})
+			run.hist.Violate(partIdle, "nemesis", "no acquisition within %v of the heal at %s", partBack, lockcheck.At(at))
 		}
 		time.Sleep(between(0.1, 1))
 	}
@@ -308,7 +309,7 @@ func (run *partRun) finish(t *testing.T) {
 			run.hist.add(ch.ID(), f)
 		}
 		if err := ch.Stderr(); strings.Contains(err, "panic") {
-			run.hist.violate(partViolation{at: time.Now(), kind: partChild, text: ch.ID() + " panicked:\n" + err})
+			run.hist.Violate(partChild, ch.ID(), "panicked:\n%s", err)
 		}
 	}
 }
@@ -322,441 +323,33 @@ func (run *partRun) register(t *testing.T) partRegisterLog {
 
 // reportAll fails the test with the violations: how many of each kind,
 // the events around the first few, in order, and a line for each other.
-func (run *partRun) reportAll(t *testing.T, viol []partViolation) {
+func (run *partRun) reportAll(t *testing.T, viol []lockcheck.Violation) {
 	t.Helper()
 	if len(viol) == 0 {
 		return
 	}
-	sort.SliceStable(viol, func(i, j int) bool { return viol[i].at.Before(viol[j].at) })
+	slices.SortStableFunc(viol, func(a, b lockcheck.Violation) int { return cmp.Compare(a.At, b.At) })
 	count := map[string]int{}
 	for _, v := range viol {
-		count[v.kind]++
+		count[v.Kind]++
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "%d violations (%s=%d): %v\n", len(viol), partSeedEnv, run.replay, count)
 	for i, v := range viol {
 		switch {
 		case i < 3:
-			fmt.Fprintf(&b, "\n%s at %s: %s\nevents (the holders' from %s):\n%s", v.kind, run.hist.rel(v.at), v.text,
-				run.hist.rel(v.at.Add(-partLease)), run.hist.around(v.at, partLease, partLease/4, 40))
+			fmt.Fprintf(&b, "\n%v\nevents (the holders' from %s):\n%s", v,
+				lockcheck.At(v.At-partLease), run.hist.Around(v.At, partLease, partLease/4, 40))
 		case i < 30:
 			if i == 3 {
 				b.WriteString("\nand:\n")
 			}
-			fmt.Fprintf(&b, "  %s at %s: %s\n", v.kind, run.hist.rel(v.at), v.text)
+			fmt.Fprintf(&b, "  %s at %s: %s\n", v.Kind, lockcheck.At(v.At), v.Msg)
 		case i == 30:
 			fmt.Fprintf(&b, "  ... %d more\n", len(viol)-30)
 		}
 	}
 	t.Error(b.String())
-}
-
-// ---------------------------------------------------------------- history
-
-// partHold is one lock call and, if it succeeded, the hold it made.
-type partHold struct {
-	proc           string
-	g, seq         int
-	write          bool // a write hold (or a mutex's or a semaphore's)
-	call, deadline time.Time
-	ret            time.Time
-	err            string // "nil" when held
-	fence          int64
-	lost           time.Time // when its Lost closed while held; zero if it did not
-	unlockCall     time.Time // zero while not unlocked
-	unlockDeadline time.Time
-	unlockRet      time.Time
-	unlockErr      string
-	writes         []partWrite
-}
-
-func (h *partHold) id() string { return fmt.Sprintf("%s.g%d.%d", h.proc, h.g, h.seq) }
-func (h *partHold) held() bool { return h.err == "nil" }
-func (h *partHold) mode() string {
-	if h.write {
-		return "write"
-	}
-	return "read"
-}
-
-// until is when the hold ended for the others: its unlock call (or never).
-func (h *partHold) until() time.Time {
-	if h.unlockCall.IsZero() {
-		return time.Unix(1<<40, 0)
-	}
-	return h.unlockCall
-}
-
-// lostBy reports whether the hold's Lost had closed by t.
-func (h *partHold) lostBy(t time.Time) bool { return !h.lost.IsZero() && !h.lost.After(t) }
-
-type partWrite struct {
-	op        string // begin or end
-	call, ret time.Time
-	res       string // 1 accepted, 0 refused, else an error
-}
-
-type partEvent struct {
-	at   time.Time
-	who  string
-	text string
-}
-
-type partViolation struct {
-	at   time.Time
-	kind string
-	text string
-}
-
-// The kinds of violations.
-const (
-	partTakenOver = "hold taken over before its Lost closed"
-	partFenceInv  = "fence inversion"
-	partRegister  = "register"
-	partRefused   = "register refused a hold not lost"
-	partLateCall  = "call returned late"
-	partIdle      = "lock not in use again after a heal"
-	partChild     = "holder process"
-)
-
-type partHistory struct {
-	start time.Time
-
-	mu     sync.Mutex
-	holds  map[string]*partHold
-	order  []*partHold // in the order their lock calls returned
-	events []partEvent
-	viol   []partViolation
-	last   time.Time // of the latest acquisition
-	n      int       // acquisitions
-	kick   chan struct{}
-	cuts   int
-}
-
-func newPartHistory() *partHistory {
-	return &partHistory{start: time.Now(), holds: map[string]*partHold{}, kick: make(chan struct{})}
-}
-
-func partTime(s string) time.Time {
-	ns, _ := strconv.ParseInt(s, 10, 64)
-	return time.Unix(0, ns)
-}
-
-func partInt(s string) int { n, _ := strconv.Atoi(s); return n }
-
-// add records one event of a holder process (see partitionRole).
-func (ph *partHistory) add(proc string, f []string) {
-	ph.mu.Lock()
-	defer ph.mu.Unlock()
-	if len(f) < 4 {
-		ph.events = append(ph.events, partEvent{time.Now(), proc, strings.Join(f, " ")})
-		return
-	}
-	key := fmt.Sprintf("%s.g%s.%s", proc, f[1], f[2])
-	h := ph.holds[key]
-	if h == nil {
-		h = &partHold{proc: proc, g: partInt(f[1]), seq: partInt(f[2])}
-		ph.holds[key] = h
-	}
-	var ev partEvent
-	switch f[0] {
-	case "lock": // lock g seq mode call deadline ret err fence
-		h.write = f[3] == "w"
-		h.call, h.deadline, h.ret, h.err = partTime(f[4]), partTime(f[5]), partTime(f[6]), f[7]
-		h.fence, _ = strconv.ParseInt(f[8], 10, 64)
-		ph.order = append(ph.order, h)
-		ev = partEvent{h.ret, proc, fmt.Sprintf("%s %s lock returned %s fence %d (called %s, deadline %s)",
-			h.id(), h.mode(), h.err, h.fence, ph.rel(h.call), ph.rel(h.deadline))}
-		if h.held() {
-			ph.n++
-			if h.ret.After(ph.last) {
-				ph.last = h.ret
-			}
-			close(ph.kick)
-			ph.kick = make(chan struct{})
-		}
-	case "lost": // lost g seq at
-		h.lost = partTime(f[3])
-		ev = partEvent{h.lost, proc, h.id() + " Lost closed"}
-	case "write": // write g seq op call ret res
-		w := partWrite{op: f[3], call: partTime(f[4]), ret: partTime(f[5]), res: f[6]}
-		h.writes = append(h.writes, w)
-		ev = partEvent{w.ret, proc, fmt.Sprintf("%s register %s fence %d → %s (called %s)", h.id(), w.op, h.fence, w.res, ph.rel(w.call))}
-	case "unlock": // unlock g seq mode call deadline ret err
-		h.unlockCall, h.unlockDeadline, h.unlockRet, h.unlockErr = partTime(f[4]), partTime(f[5]), partTime(f[6]), f[7]
-		ev = partEvent{h.unlockRet, proc, fmt.Sprintf("%s unlock returned %s (called %s, deadline %s)",
-			h.id(), h.unlockErr, ph.rel(h.unlockCall), ph.rel(h.unlockDeadline))}
-	default:
-		ev = partEvent{time.Now(), proc, strings.Join(f, " ")}
-	}
-	ph.events = append(ph.events, ev)
-}
-
-// note records an event of the test itself.
-func (ph *partHistory) note(who, text string) {
-	ph.mu.Lock()
-	defer ph.mu.Unlock()
-	if strings.HasPrefix(text, "cut") {
-		ph.cuts++
-	}
-	ph.events = append(ph.events, partEvent{time.Now(), who, text})
-}
-
-func (ph *partHistory) violate(v partViolation) {
-	ph.mu.Lock()
-	defer ph.mu.Unlock()
-	ph.viol = append(ph.viol, v)
-}
-
-func (ph *partHistory) changed() <-chan struct{} {
-	ph.mu.Lock()
-	defer ph.mu.Unlock()
-	return ph.kick
-}
-
-func (ph *partHistory) acquired() int {
-	ph.mu.Lock()
-	defer ph.mu.Unlock()
-	return ph.n
-}
-
-// waitAcquired waits until a lock call that returned after since holds,
-// and reports whether one did within d.
-func (ph *partHistory) waitAcquired(since time.Time, d time.Duration) bool {
-	timer := time.NewTimer(d)
-	defer timer.Stop()
-	for {
-		ph.mu.Lock()
-		ok, kick := !ph.last.Before(since), ph.kick
-		ph.mu.Unlock()
-		if ok {
-			return true
-		}
-		select {
-		case <-kick:
-		case <-timer.C:
-			return false
-		}
-	}
-}
-
-// rel is t as an offset from the start of the run.
-func (ph *partHistory) rel(t time.Time) string {
-	return fmt.Sprintf("+%.3fs", t.Sub(ph.start).Seconds())
-}
-
-// around lists the events from before ahead of at to after it, in time
-// order: at most max of the holders' (the nearest to at), and every fault
-// and heal of the nemesis in three times that span before at, which
-// explain them.
-func (ph *partHistory) around(at time.Time, before, after time.Duration, max int) string {
-	ph.mu.Lock()
-	evs := append([]partEvent(nil), ph.events...)
-	ph.mu.Unlock()
-	sort.SliceStable(evs, func(i, j int) bool { return evs[i].at.Before(evs[j].at) })
-	var sel, faults []partEvent
-	for _, e := range evs {
-		switch {
-		case e.at.After(at.Add(after)):
-		case e.who == "nemesis" && !e.at.Before(at.Add(-3*before)):
-			faults = append(faults, e)
-		case !e.at.Before(at.Add(-before)):
-			sel = append(sel, e)
-		}
-	}
-	for len(sel) > max { // drop the one farthest from at
-		if at.Sub(sel[0].at) > sel[len(sel)-1].at.Sub(at) {
-			sel = sel[1:]
-		} else {
-			sel = sel[:len(sel)-1]
-		}
-	}
-	sel = append(sel, faults...)
-	sort.SliceStable(sel, func(i, j int) bool { return sel[i].at.Before(sel[j].at) })
-	var b strings.Builder
-	for _, e := range sel {
-		mark := "  "
-		if e.at.Equal(at) {
-			mark = "=>"
-		}
-		fmt.Fprintf(&b, "%s %s %-8s %s\n", mark, ph.rel(e.at), e.who, e.text)
-	}
-	return b.String()
-}
-
-func (ph *partHistory) summary() string {
-	ph.mu.Lock()
-	defer ph.mu.Unlock()
-	var calls, held, lost, refused int
-	for _, h := range ph.holds {
-		calls++
-		if h.held() {
-			held++
-		}
-		if !h.lost.IsZero() {
-			lost++
-		}
-		for _, w := range h.writes {
-			if w.res == "0" {
-				refused++
-			}
-		}
-	}
-	return fmt.Sprintf("%d lock calls, %d held, %d lost, %d refused writes, %d cuts in %v",
-		calls, held, lost, refused, ph.cuts, time.Since(ph.start).Round(time.Second))
-}
-
-// ---------------------------------------------------------------- checks
-
-// partRegisterLog is what the register saw.
-type partRegisterLog struct {
-	accepted []redistest.Write
-	found    []redistest.Anomaly
-}
-
-// checkPartition checks a finished run's history and register:
-//
-//   - a hold that another took over had its Lost closed first: when a lock
-//     call returns held, fewer holds that exclude it (capacity: 1, or the
-//     semaphore's permits) may be open (returned, not yet unlocking) with
-//     Lost still open. docs/guarantees.md: a hold's validity ends a drift
-//     margin before its key can expire on the server, so its holder knows
-//     before anyone else can take the lock; partSlack allows for the
-//     goroutine that timestamps Lost;
-//   - fences rise: a hold that returned after another (a semaphore's: whose
-//     call began after another returned) has a larger fence (read holds
-//     carry a writer's and are left out);
-//   - the register accepted no overlap, no shared fence and no fence that
-//     went back (the semaphore's: never more than its permits at once),
-//     and refused only writes of holds already lost;
-//   - no lock or unlock call returned more than partLate past its
-//     deadline;
-//
-// plus the violations recorded while the run went (the lock not in use
-// again within partBack of a heal, holder processes that failed).
-func checkPartition(ph *partHistory, kind string, reg partRegisterLog) []partViolation {
-	ph.mu.Lock()
-	defer ph.mu.Unlock()
-	viol := append([]partViolation(nil), ph.viol...)
-	var held []*partHold
-	for _, h := range ph.order {
-		if h.held() {
-			held = append(held, h)
-		}
-		if late := h.ret.Sub(h.deadline); late > partLate {
-			viol = append(viol, partViolation{h.ret, partLateCall, fmt.Sprintf("%s: lock returned %v past its deadline", h.id(), late)})
-		}
-		if late := h.unlockRet.Sub(h.unlockDeadline); !h.unlockCall.IsZero() && late > partLate {
-			viol = append(viol, partViolation{h.unlockRet, partLateCall, fmt.Sprintf("%s: unlock returned %v past its deadline", h.id(), late)})
-		}
-		for _, w := range h.writes {
-			switch {
-			case w.res == "0" && !h.lostBy(w.ret.Add(partSlack)):
-				viol = append(viol, partViolation{w.ret, partRefused, fmt.Sprintf("%s: %s with fence %d refused, Lost %s",
-					h.id(), w.op, h.fence, ph.lostText(h))})
-			case w.res != "0" && w.res != "1":
-				viol = append(viol, partViolation{w.ret, partRegister, fmt.Sprintf("%s: %s: %s", h.id(), w.op, w.res)})
-			}
-		}
-	}
-	viol = append(viol, ph.checkTakeOver(held, kind)...)
-	viol = append(viol, ph.checkFences(held, kind)...)
-	viol = append(viol, ph.checkRegister(kind, reg)...)
-	return viol
-}
-
-func (ph *partHistory) lostText(h *partHold) string {
-	if h.lost.IsZero() {
-		return "never closed"
-	}
-	return "closed at " + ph.rel(h.lost)
-}
-
-// checkTakeOver finds holds that began while too many others held the
-// lock with their Lost open.
-func (ph *partHistory) checkTakeOver(held []*partHold, kind string) []partViolation {
-	capacity := 1
-	if kind == "sem" {
-		capacity = partPermits
-	}
-	var viol []partViolation
-	for _, b := range held {
-		var in []*partHold
-		for _, a := range held {
-			if a == b || !(a.write || b.write) || !a.ret.Before(b.ret) || !b.ret.Before(a.until()) || a.lostBy(b.ret.Add(partSlack)) {
-				continue
-			}
-			in = append(in, a)
-		}
-		if len(in) >= capacity {
-			var names []string
-			for _, a := range in {
-				names = append(names, fmt.Sprintf("%s (fence %d, held since %s, Lost %s)", a.id(), a.fence, ph.rel(a.ret), ph.lostText(a)))
-			}
-			viol = append(viol, partViolation{b.ret, partTakenOver, fmt.Sprintf("%s %s took the lock (fence %d) while %s held it",
-				b.id(), b.mode(), b.fence, strings.Join(names, ", "))})
-		}
-	}
-	return viol
-}
-
-// checkFences finds a hold whose fence is not larger than that of a hold
-// that returned before it: before its lock call began (a semaphore's
-// holders may overlap, so later calls may return first), or, for a mutex's
-// and a writer's, before it returned. Two holds of a mutex never overlap,
-// so the one that returned later must have been taken later: a hold that
-// returns after another with a larger fence had already ended (or had been
-// given away) when it was reported held.
-func (ph *partHistory) checkFences(held []*partHold, kind string) []partViolation {
-	var w []*partHold
-	for _, h := range held {
-		if h.write {
-			w = append(w, h)
-		}
-	}
-	begun := func(h *partHold) time.Time { return h.ret }
-	if kind == "sem" {
-		begun = func(h *partHold) time.Time { return h.call }
-	}
-	byRet := append([]*partHold(nil), w...)
-	sort.Slice(byRet, func(i, j int) bool { return byRet[i].ret.Before(byRet[j].ret) })
-	byBegun := append([]*partHold(nil), w...)
-	sort.Slice(byBegun, func(i, j int) bool { return begun(byBegun[i]).Before(begun(byBegun[j])) })
-	var viol []partViolation
-	var top *partHold // the largest fence among the holds returned so far
-	i := 0
-	for _, b := range byBegun {
-		for ; i < len(byRet) && byRet[i].ret.Before(begun(b)); i++ {
-			if top == nil || byRet[i].fence > top.fence {
-				top = byRet[i]
-			}
-		}
-		if top != nil && b.fence <= top.fence {
-			viol = append(viol, partViolation{b.ret, partFenceInv, fmt.Sprintf("%s got fence %d (called %s, returned %s), but %s had got %d at %s",
-				b.id(), b.fence, ph.rel(b.call), ph.rel(b.ret), top.id(), top.fence, ph.rel(top.ret))})
-		}
-	}
-	return viol
-}
-
-// checkRegister reports what the register saw wrong.
-func (ph *partHistory) checkRegister(kind string, reg partRegisterLog) []partViolation {
-	var viol []partViolation
-	at := func(w redistest.Write) time.Time { return time.UnixMicro(w.End) }
-	if kind == "sem" {
-		for _, c := range redistest.Crowds(reg.accepted, partPermits) {
-			viol = append(viol, partViolation{time.UnixMicro(c[len(c)-1].Start), partRegister,
-				fmt.Sprintf("%d writers at once, want at most %d: %v", len(c), partPermits, c)})
-		}
-		return viol
-	}
-	for _, a := range reg.found {
-		if a.Kind == redistest.Refused {
-			continue // checked against the holds' Lost
-		}
-		viol = append(viol, partViolation{at(a.B), partRegister, a.String()})
-	}
-	return viol
 }
 
 // ---------------------------------------------------------------- holders
@@ -890,88 +483,6 @@ func partHoldOnce(ctx context.Context, rng *rand.Rand, l partLocker, reg *redist
 	ret = time.Now()
 	ucancel()
 	redistest.Emit("p", "unlock", g, seq, mode, call.UnixNano(), deadline.UnixNano(), ret.UnixNano(), errKind(err))
-}
-
-// TestCheckPartition: the checks on histories made up for them.
-func TestCheckPartition(t *testing.T) {
-	t0 := time.Now()
-	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
-	// hold: proc, write, fence, lock call/return and unlock call (ms); the
-	// deadlines are far.
-	hold := func(proc string, write bool, fence int64, call, ret, unlock int) *partHold {
-		return &partHold{proc: proc, write: write, fence: fence, err: "nil",
-			call: at(call), ret: at(ret), deadline: at(ret + 1000),
-			unlockCall: at(unlock), unlockRet: at(unlock + 1), unlockDeadline: at(unlock + 1000), unlockErr: "nil"}
-	}
-	lostAt := func(h *partHold, ms int) *partHold { h.lost = at(ms); return h }
-	cases := []struct {
-		name  string
-		kind  string
-		holds []*partHold
-		want  []string // kinds found, sorted
-	}{
-		{"in turn", "mutex", []*partHold{hold("a", true, 1, 0, 1, 10), hold("b", true, 2, 5, 11, 20)}, nil},
-		{"taken over, not lost", "mutex", []*partHold{hold("a", true, 1, 0, 1, 100), hold("b", true, 2, 5, 50, 60)},
-			[]string{partTakenOver}},
-		{"taken over after Lost", "mutex", []*partHold{lostAt(hold("a", true, 1, 0, 1, 100), 40), hold("b", true, 2, 5, 50, 60)}, nil},
-		{"taken over within the slack before Lost", "mutex", []*partHold{lostAt(hold("a", true, 1, 0, 1, 100), 50+10), hold("b", true, 2, 5, 50, 60)}, nil},
-		{"taken over long before Lost", "mutex", []*partHold{lostAt(hold("a", true, 1, 0, 1, 100), 90), hold("b", true, 2, 5, 50, 60)},
-			[]string{partTakenOver}},
-		{"fence went back", "mutex", []*partHold{hold("a", true, 5, 0, 1, 10), hold("b", true, 4, 12, 13, 20)},
-			[]string{partFenceInv}},
-		{"fence repeated", "mutex", []*partHold{hold("a", true, 5, 0, 1, 10), hold("b", true, 5, 12, 13, 20)},
-			[]string{partFenceInv}},
-		{"returned after a larger fence", "mutex", []*partHold{hold("a", true, 5, 0, 10, 11), hold("b", true, 4, 1, 12, 20)},
-			[]string{partFenceInv}},
-		{"permits, concurrent calls", "sem", []*partHold{hold("a", true, 5, 0, 10, 11), hold("b", true, 4, 1, 12, 20)}, nil},
-		{"permits, fence went back", "sem", []*partHold{hold("a", true, 5, 0, 10, 11), hold("b", true, 4, 11, 12, 20)},
-			[]string{partFenceInv}},
-		{"readers together", "rw", []*partHold{hold("a", false, 1, 0, 1, 100), hold("b", false, 1, 5, 50, 60)}, nil},
-		{"writer among readers", "rw", []*partHold{hold("a", false, 1, 0, 1, 100), hold("b", true, 2, 5, 50, 60)},
-			[]string{partTakenOver}},
-		{"two of two permits", "sem", []*partHold{hold("a", true, 1, 0, 1, 100), hold("b", true, 2, 5, 50, 60)}, nil},
-		{"three of two permits", "sem", []*partHold{hold("a", true, 1, 0, 1, 100), hold("b", true, 2, 5, 20, 100),
-			hold("c", true, 3, 5, 50, 60)}, []string{partTakenOver}},
-		{"lock late", "mutex", []*partHold{func() *partHold {
-			h := hold("a", true, 1, 0, 1000, 1010)
-			h.deadline = at(1000 - int(partLate/time.Millisecond) - 1)
-			return h
-		}()}, []string{partLateCall}},
-		{"unlock late", "mutex", []*partHold{func() *partHold {
-			h := hold("a", true, 1, 0, 1, 10)
-			h.unlockRet = h.unlockDeadline.Add(partLate + time.Millisecond)
-			return h
-		}()}, []string{partLateCall}},
-		{"refused, lost", "mutex", []*partHold{func() *partHold {
-			h := lostAt(hold("a", true, 1, 0, 1, 10), 4)
-			h.writes = []partWrite{{op: "end", call: at(5), ret: at(6), res: "0"}}
-			return h
-		}()}, nil},
-		{"refused, not lost", "mutex", []*partHold{func() *partHold {
-			h := hold("a", true, 1, 0, 1, 10)
-			h.writes = []partWrite{{op: "end", call: at(5), ret: at(6), res: "0"}}
-			return h
-		}()}, []string{partRefused}},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			ph := newPartHistory()
-			ph.start = t0
-			for i, h := range tc.holds {
-				h.seq = i
-				ph.holds[h.id()] = h
-				ph.order = append(ph.order, h)
-			}
-			var got []string
-			for _, v := range checkPartition(ph, tc.kind, partRegisterLog{}) {
-				got = append(got, v.kind)
-			}
-			sort.Strings(got)
-			if fmt.Sprint(got) != fmt.Sprint(tc.want) {
-				t.Errorf("got violations %q, want %q", got, tc.want)
-			}
-		})
-	}
 }
 
 // partSection is a hold's critical section: a write to the register with

@@ -1,4 +1,4 @@
-package remutex
+package robustness
 
 import (
 	"context"
@@ -9,6 +9,9 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/remutex/remutex"
+	"github.com/remutex/remutex/internal/lockcheck"
 )
 
 // Traffic of the robustness test: what the clients do. Each worker is a
@@ -25,7 +28,7 @@ type robustLocker struct {
 	res     string // the lock, as the history names it: "mutex m"
 	label   string // the value: "m.A"
 	name    string // the lock's name, for Inspect
-	mode    holdMode
+	mode    lockcheck.Mode
 	minHold time.Duration
 	// ignoreLost makes a fake holder that does not watch Lost (the
 	// checker's own test).
@@ -41,17 +44,17 @@ type robustLocker struct {
 	fence     func() int64
 }
 
-func mutexLocker(res, label string, m *DistMutex, minHold time.Duration) robustLocker {
-	return robustLocker{res: res, label: label, name: m.Name(), mode: modeExclusive, minHold: minHold,
+func mutexLocker(res, label string, m *remutex.DistMutex, minHold time.Duration) robustLocker {
+	return robustLocker{res: res, label: label, name: m.Name(), mode: lockcheck.Exclusive, minHold: minHold,
 		lock: m.Lock, lockCtx: m.LockContext, try: m.TryLock, tryCtx: m.TryLockContext,
 		unlock: m.Unlock, unlockCtx: m.UnlockContext, lost: m.Lost, fence: m.Fence}
 }
 
-func rwLockers(res string, rw *DistRWMutex) (w, r robustLocker) {
-	w = robustLocker{res: res, label: "rw.W", name: rw.Name(), mode: modeExclusive,
+func rwLockers(res string, rw *remutex.DistRWMutex) (w, r robustLocker) {
+	w = robustLocker{res: res, label: "rw.W", name: rw.Name(), mode: lockcheck.Exclusive,
 		lock: rw.Lock, lockCtx: rw.LockContext, try: rw.TryLock, tryCtx: rw.TryLockContext,
 		unlock: rw.Unlock, unlockCtx: rw.UnlockContext, lost: rw.Lost, fence: rw.Fence}
-	r = robustLocker{res: res, label: "rw.R", name: rw.Name(), mode: modeShared,
+	r = robustLocker{res: res, label: "rw.R", name: rw.Name(), mode: lockcheck.Shared,
 		lock: rw.RLock, lockCtx: rw.RLockContext, try: rw.TryRLock, tryCtx: rw.TryRLockContext,
 		unlock: rw.RUnlock, unlockCtx: rw.RUnlockContext, lost: rw.Lost, fence: rw.Fence}
 	return w, r
@@ -60,7 +63,7 @@ func rwLockers(res string, rw *DistRWMutex) (w, r robustLocker) {
 // robustClient is one Client of the run and the values its workers share.
 type robustClient struct {
 	idx  int
-	c    *Client
+	c    *remutex.Client
 	errs atomic.Int64 // errors its handler heard
 
 	mu      sync.Mutex
@@ -76,6 +79,9 @@ type robustReport struct {
 	at  time.Duration
 	msg string
 }
+
+// who names the Client in the history: "c1".
+func (cl *robustClient) who() string { return fmt.Sprintf("c%d", cl.idx) }
 
 // heard records an error its handler heard at at.
 func (cl *robustClient) heard(at time.Duration, err error) {
@@ -99,7 +105,7 @@ func (cl *robustClient) reported(from, to time.Duration, prefix string) string {
 
 // robustEntry is a hold a worker has: the history's record and its count.
 type robustEntry struct {
-	hold  *robustHold
+	hold  *lockcheck.Hold
 	count int
 	lost  <-chan struct{}
 	stop  func() // stops the Lost watcher; nil if none
@@ -111,8 +117,8 @@ type robustWorker struct {
 	cl  *robustClient
 	who string
 	r   *rand.Rand
-	nr  robustLocker   // its own NonReentrant value (a value's hold is the worker's)
-	sem *DistSemaphore // its own value: two values of a name are two holders
+	nr  robustLocker           // its own NonReentrant value (a value's hold is the worker's)
+	sem *remutex.DistSemaphore // its own value: two values of a name are two holders
 
 	stacks map[string][]*robustEntry // per lock, the holds in the order taken
 	doing  atomic.Value              // string: the call in progress
@@ -122,8 +128,8 @@ func newRobustWorker(env *robustEnv, cl *robustClient, i int, seed uint64) *robu
 	cfg := env.cfg
 	w := &robustWorker{env: env, cl: cl, who: fmt.Sprintf("c%d/w%d", cl.idx, i),
 		r: rand.New(rand.NewPCG(seed, uint64(cl.idx*100+i))), stacks: map[string][]*robustEntry{}}
-	w.nr = mutexLocker("mutex nr", "nr", cl.c.NewMutex("nr", WithLease(cfg.leaseNR), WithFencing(), NonReentrant()), 0)
-	w.sem = cl.c.NewSemaphore("sem", cfg.semSize, WithLease(cfg.leaseSem), WithFencing())
+	w.nr = mutexLocker("mutex nr", "nr", cl.c.NewMutex("nr", remutex.WithLease(cfg.leaseNR), remutex.WithFencing(), remutex.NonReentrant()), 0)
+	w.sem = cl.c.NewSemaphore("sem", cfg.semSize, remutex.WithLease(cfg.leaseSem), remutex.WithFencing())
 	w.doing.Store("")
 	return w
 }
@@ -229,8 +235,8 @@ func (w *robustWorker) deadline() (context.Context, context.CancelFunc, string) 
 // and turns a panic into an error (recorded as a violation by the caller's
 // outcome check).
 func (w *robustWorker) call(call string, f func() error) (invoke, ret time.Duration, err error) {
-	w.doing.Store(fmt.Sprintf("%s since %s", call, fmtAt(w.env.hist.now())))
-	invoke = w.env.hist.log(w.who, "%s ...", call)
+	w.doing.Store(fmt.Sprintf("%s since %s", call, lockcheck.At(w.env.hist.Now())))
+	invoke = w.env.hist.Log(w.who, "%s ...", call)
 	func() {
 		defer func() {
 			if p := recover(); p != nil {
@@ -239,7 +245,7 @@ func (w *robustWorker) call(call string, f func() error) (invoke, ret time.Durat
 		}()
 		err = f()
 	}()
-	ret = w.env.hist.now()
+	ret = w.env.hist.Now()
 	w.doing.Store("")
 	return invoke, ret, err
 }
@@ -301,10 +307,10 @@ func (w *robustWorker) acquired(call string, err error) bool {
 	if err == nil {
 		return true
 	}
-	w.env.hist.log(w.who, "%s -> %v", call, err)
+	w.env.hist.Log(w.who, "%s -> %v", call, err)
 	var p *robustPanic
 	if errors.As(err, &p) {
-		w.env.hist.violation("panic", w.who, "%s: %v", call, err)
+		w.env.hist.Violate("panic", w.who, "%s: %v", call, err)
 	}
 	return false
 }
@@ -314,22 +320,25 @@ func (w *robustWorker) acquired(call string, err error) bool {
 func (w *robustWorker) took(l robustLocker, call string, invoke, ret time.Duration, lost <-chan struct{}, fence, permits int64) {
 	h := w.env.hist
 	st := w.stacks[l.res]
-	if n := len(st); n > 0 && st[n-1].lost == lost && l.mode != modePermits {
+	if n := len(st); n > 0 && st[n-1].lost == lost && l.mode != lockcheck.Permits {
 		st[n-1].count++
-		h.log(w.who, "%s -> ok, nested: count %d of %v", call, st[n-1].count, st[n-1].hold)
+		h.Log(w.who, "%s -> ok, nested: count %d of %v", call, st[n-1].count, st[n-1].hold)
 		return
 	}
 	gone := closedNow(lost)
-	hd := h.addHold(&robustHold{res: l.res, who: w.who, client: w.cl.idx, mode: l.mode, permits: permits,
-		fence: fence, minHold: l.minHold, invoke: invoke, start: ret, ambiguous: gone, ignoreLost: l.ignoreLost})
+	hd := lockcheck.NewHold()
+	hd.Res, hd.Who, hd.Client, hd.Mode, hd.Permits = l.res, w.who, w.cl.who(), l.mode, permits
+	hd.Fence, hd.MinHold, hd.Invoke, hd.Start = fence, l.minHold, invoke, ret
+	hd.Ambiguous, hd.IgnoreLost = gone, l.ignoreLost
+	h.AddHold(hd)
 	e := &robustEntry{hold: hd, count: 1, lost: lost}
 	w.stacks[l.res] = append(st, e)
-	h.log(w.who, "%s -> ok, new %v", call, hd)
+	h.Log(w.who, "%s -> ok, new %v", call, hd)
 	switch {
 	case gone:
-		h.lost(hd, ret)
+		h.Lost(hd, ret)
 	case !l.ignoreLost:
-		e.stop = h.watch(hd, lost)
+		e.stop = h.Watch(hd, lost)
 	}
 	w.probe(l, e, "after "+call)
 }
@@ -341,7 +350,7 @@ func (w *robustWorker) release(l robustLocker) {
 	e := st[len(st)-1]
 	if e.count == 1 {
 		w.probe(l, e, "before the release")
-		w.env.hist.releasing(e.hold)
+		w.env.hist.Releasing(e.hold)
 	}
 	var call string
 	var f func() error
@@ -366,7 +375,7 @@ func (w *robustWorker) release(l robustLocker) {
 			e.stop()
 		}
 	}
-	w.env.hist.log(w.who, "%s -> %v (count now %d of hold#%d)", call, errText(err), e.count, e.hold.id)
+	w.env.hist.Log(w.who, "%s -> %v (count now %d of hold#%d)", call, errText(err), e.count, e.hold.ID)
 	w.checkRelease(call, e, err)
 	if e.count > 0 {
 		return
@@ -384,7 +393,7 @@ func (w *robustWorker) release(l robustLocker) {
 		why = "Lost closed before the release returned"
 	}
 	if why != "" {
-		w.env.hist.releaseFailed(e.hold, why)
+		w.env.hist.ReleaseFailed(e.hold, why)
 	}
 }
 
@@ -394,9 +403,9 @@ func (w *robustWorker) checkRelease(call string, e *robustEntry, err error) {
 	var p *robustPanic
 	switch {
 	case errors.As(err, &p):
-		w.env.hist.violation("panic", w.who, "%s of %v: %v", call, e.hold, err)
-	case errors.Is(err, ErrNotHeld):
-		w.env.hist.violation("outcome", w.who, "%s of %v (count %d) returned %v", call, e.hold, e.count+1, err)
+		w.env.hist.Violate("panic", w.who, "%s of %v: %v", call, e.hold, err)
+	case errors.Is(err, remutex.ErrNotHeld):
+		w.env.hist.Violate("outcome", w.who, "%s of %v (count %d) returned %v", call, e.hold, e.count+1, err)
 	}
 }
 
@@ -410,7 +419,7 @@ func errText(err error) string {
 // semSession takes permits of the worker's semaphore value, works, and
 // gives them back.
 func (w *robustWorker) semSession(stop <-chan struct{}) {
-	l := robustLocker{res: "semaphore sem", label: "sem", name: w.sem.Name(), mode: modePermits}
+	l := robustLocker{res: "semaphore sem", label: "sem", name: w.sem.Name(), mode: lockcheck.Permits}
 	n := 1 + w.r.Int64N(2)
 	if !w.semAcquire(l, n) {
 		return
@@ -418,7 +427,7 @@ func (w *robustWorker) semSession(stop <-chan struct{}) {
 	w.work(stop)
 	e := w.stacks[l.res][0]
 	w.probe(l, e, "before the release")
-	w.env.hist.releasing(e.hold)
+	w.env.hist.Releasing(e.hold)
 	w.semRelease(e, n)
 	w.stacks[l.res] = nil
 }
@@ -488,7 +497,7 @@ func (w *robustWorker) semRelease(e *robustEntry, n int64) {
 	if e.stop != nil {
 		e.stop()
 	}
-	w.env.hist.log(w.who, "%s -> %v (hold#%d)", call, errText(err), e.hold.id)
+	w.env.hist.Log(w.who, "%s -> %v (hold#%d)", call, errText(err), e.hold.ID)
 	w.checkRelease(call, e, err)
 }
 
@@ -496,19 +505,19 @@ func (w *robustWorker) semRelease(e *robustEntry, n int64) {
 // through the run's fault-free Client; a difference while the hold's Lost
 // stays open (for the grace) is recorded.
 func (w *robustWorker) probe(l robustLocker, e *robustEntry, when string) {
-	if e.hold.ambiguous || l.ignoreLost || closedNow(e.lost) {
+	if e.hold.Ambiguous || l.ignoreLost || closedNow(e.lost) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	info, err := w.env.oracle.Inspect(ctx, l.name)
 	cancel()
-	at := w.env.hist.now()
+	at := w.env.hist.Now()
 	if err != nil {
 		return // Redis is down: nothing to compare with
 	}
 	msg, count := probeMismatch(l, e, info)
 	if count != "" {
-		w.env.hist.log(w.who, "probe %s: %s (not checked: counts are absolute)", when, count)
+		w.env.hist.Log(w.who, "probe %s: %s (not checked: counts are absolute)", when, count)
 	}
 	if msg == "" {
 		return
@@ -521,27 +530,27 @@ func (w *robustWorker) probe(l robustLocker, e *robustEntry, when string) {
 		near = true
 	case <-t.C:
 	}
-	w.env.hist.probe(robustProbe{at: at, hold: e.hold, msg: when + ": " + msg, near: near})
+	w.env.hist.Probe(lockcheck.Probe{At: at, Hold: e.hold, Msg: when + ": " + msg, Near: near})
 }
 
 // probeMismatch says how info differs from the hold e of l: msg for what
 // the check fails, count for a hold count that differs (logged only).
-func probeMismatch(l robustLocker, e *robustEntry, info LockInfo) (msg, count string) {
-	fence := e.hold.fence
-	if l.mode == modePermits {
+func probeMismatch(l robustLocker, e *robustEntry, info remutex.LockInfo) (msg, count string) {
+	fence := e.hold.Fence
+	if l.mode == lockcheck.Permits {
 		var out int64
 		for _, h := range info.Holders {
 			out += int64(h.Count)
 		}
 		switch {
-		case out < e.hold.permits:
-			return fmt.Sprintf("Redis has %d permits out, the hold has %d", out, e.hold.permits), ""
+		case out < e.hold.Permits:
+			return fmt.Sprintf("Redis has %d permits out, the hold has %d", out, e.hold.Permits), ""
 		case info.Fence < fence:
 			return fmt.Sprintf("Redis's fence counter is %d, below the hold's %d", info.Fence, fence), ""
 		}
 		return "", ""
 	}
-	var held []Holder
+	var held []remutex.Holder
 	readers := 0
 	for _, h := range info.Holders {
 		switch {
@@ -551,7 +560,7 @@ func probeMismatch(l robustLocker, e *robustEntry, info LockInfo) (msg, count st
 			held = append(held, h)
 		}
 	}
-	if l.mode == modeShared {
+	if l.mode == lockcheck.Shared {
 		switch {
 		case len(held) > 0:
 			return fmt.Sprintf("Redis has a writer (%s, fence %d) beside this read hold", held[0].Owner, info.Fence), ""

@@ -1,14 +1,21 @@
-package remutex
+package robustness
 
 import (
+	"context"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync"
+	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
+	"github.com/remutex/remutex"
 	"github.com/remutex/remutex/internal/redistest"
+	"github.com/remutex/remutex/internal/scripts"
 )
 
 // Failpoints of the robustness test: what breaks. The nemesis injects one
@@ -211,11 +218,11 @@ type restartFailpoint struct{}
 
 func (restartFailpoint) name() string { return "restart" }
 func (restartFailpoint) inject(env *robustEnv, r *rand.Rand, dur time.Duration) (string, func(), error) {
-	env.hist.restarted()
+	env.hist.Restarted()
 	env.server.stop()
 	return fmt.Sprintf("kill redis-server, start it again after %v", dur), func() {
 		if err := env.server.start(); err != nil {
-			env.hist.violation("harness", "nemesis", "%v", err)
+			env.hist.Violate("harness", "nemesis", "%v", err)
 		}
 	}, nil
 }
@@ -226,8 +233,8 @@ func (restartFailpoint) inject(env *robustEnv, r *rand.Rand, dur time.Duration) 
 type robustCall struct {
 	name string
 	arg  string // what a matching request contains: the SHA1, or the command
-	// once: sent NoRetry (see onceCmd in node.go): a release, which
-	// go-redis never sends again by itself.
+	// once: a release, which the library sends without go-redis's retries
+	// (it never sends one twice by itself).
 	once bool
 }
 
@@ -236,33 +243,35 @@ type robustCall struct {
 // each lock, the wake-ups after an uncontended release, and the watchdog's
 // renewal. (A call's first try after a restart is an EVAL, with the script's
 // text instead of its SHA1; the EVALSHA before it is taken.)
-var robustCalls = func() []robustCall {
-	script := func(name string, s *luaScript, once bool) robustCall {
-		return robustCall{name: name, arg: s.Hash(), once: once}
-	}
-	return []robustCall{
-		script("quick_lock", quickLock, false),
-		script("quick_rlock", quickRLock, false),
-		script("quick_sem", quickSem, false),
-		{name: "hdel", arg: "hdel", once: true}, // a mutex's or a semaphore's uncontended release
-		{name: "zrem", arg: "zrem", once: true}, // a reader's uncontended release
-		script("wake", wakeScript, false),
-		script("rwwake", rwWake, false),
-		script("sem_wake", semWake, false),
-		script("acquire", mutexScripts.acquire, false),
-		script("release", mutexScripts.release, true),
-		script("leave", mutexScripts.leave, false),
-		script("wlock", writeScripts.acquire, false),
-		script("wunlock", writeScripts.release, true),
-		script("rlock", readScripts.acquire, false),
-		script("runlock", readScripts.release, true),
-		script("rwleave", writeScripts.leave, false),
-		script("sem_acquire", semScripts.acquire, false),
-		script("sem_release", semScripts.release, true),
-		script("sem_leave", semScripts.leave, false),
-		script("renew", renewScript, false),
-	}
-}()
+var robustCalls = []robustCall{
+	script("quick_lock", false),
+	script("quick_rlock", false),
+	script("quick_sem", false),
+	{name: "hdel", arg: "hdel", once: true}, // a mutex's or a semaphore's uncontended release
+	{name: "zrem", arg: "zrem", once: true}, // a reader's uncontended release
+	script("wake", false),
+	script("rwwake", false),
+	script("sem_wake", false),
+	script("acquire", false),
+	script("release", true),
+	script("leave", false),
+	script("wlock", false),
+	script("wunlock", true),
+	script("rlock", false),
+	script("runlock", true),
+	script("rwleave", false), // the write and the read side's leave
+	script("sem_acquire", false),
+	script("sem_release", true),
+	script("sem_leave", false),
+	script("renew", false),
+}
+
+// script is the call of the entry script name of internal/scripts: the
+// library sends each script as its source with the includes expanded
+// (scripts.Source), by the SHA1 go-redis computes of it.
+func script(name string, once bool) robustCall {
+	return robustCall{name: name, arg: redis.NewScript(scripts.Source(name)).Hash(), once: once}
+}
 
 // requestFault arms, on every Client's link, a fault (made by arm) that
 // takes the link's next request of one kind of call: the next of calls, in
@@ -321,10 +330,10 @@ func (env *robustEnv) requestFault(r *rand.Rand, kind string, calls []robustCall
 			}
 		}
 		if len(by) == 0 {
-			env.hist.log("nemesis", "%s took no %s", kind, c.name)
+			env.hist.Log("nemesis", "%s took no %s", kind, c.name)
 			return
 		}
-		env.hist.log("nemesis", "%s took a %s of %s", kind, c.name, strings.Join(by, ", "))
+		env.hist.Log("nemesis", "%s took a %s of %s", kind, c.name, strings.Join(by, ", "))
 		env.fired[kind]++
 		env.hits[c.name]++
 	}
@@ -400,7 +409,7 @@ func (dropReplyFailpoint) inject(env *robustEnv, r *rand.Rand, dur time.Duration
 // stalled connection whose bytes still arrive.
 //
 // Releases (release.lua and the like, the uncontended HDEL and ZREM) are
-// never duplicated: they are sent NoRetry (onceCmd in node.go), so neither
+// never duplicated: the library sends them without retries, so neither
 // go-redis nor TCP (which does not duplicate) ever delivers one twice, and a
 // release that finds its hold gone by a copy it did not send rightly reports
 // a loss that it cannot tell from a real one. Acquisitions, leaves, wake-ups
@@ -510,14 +519,14 @@ func (env *robustEnv) nemesis(r *rand.Rand, stop <-chan struct{}, done chan<- st
 		dur := env.lease/5 + time.Duration(r.Int64N(int64(env.lease*23/10)))
 		what, heal, err := fp.inject(env, r, dur)
 		if err != nil {
-			env.hist.violation("harness", "nemesis", "%s: %v", fp.name(), err)
+			env.hist.Violate("harness", "nemesis", "%s: %v", fp.name(), err)
 			return
 		}
-		env.hist.log("nemesis", "fault %s: %s", fp.name(), what)
+		env.hist.Fault("nemesis", "fault %s: %s", fp.name(), what)
 		env.faults[fp.name()]++
 		ok := pause(dur)
 		heal()
-		env.hist.log("nemesis", "healed %s", fp.name())
+		env.hist.Log("nemesis", "healed %s", fp.name())
 		if _, may := fp.(robustMayMiss); may && env.fired[fp.name()] == fired && !retried[fp.name()] {
 			// It did nothing: once more in this round, on its next call.
 			retried[fp.name()] = true
@@ -532,10 +541,41 @@ func (env *robustEnv) nemesis(r *rand.Rand, stop <-chan struct{}, done chan<- st
 // healAll ends every fault: the server runs, every link passes bytes.
 func (env *robustEnv) healAll() {
 	if err := env.server.start(); err != nil {
-		env.hist.violation("harness", "nemesis", "%v", err)
+		env.hist.Violate("harness", "nemesis", "%v", err)
 	}
 	for _, l := range env.links {
 		l.heal()
 	}
-	env.hist.log("nemesis", "healed everything")
+	env.hist.Log("nemesis", "healed everything")
+}
+
+// TestRobustCallsAreTheLibrarys: the SHA1s the request faults look for are
+// those of scripts the library loads (Client.Check loads every one), so
+// that a fault aimed at a call does take it.
+func TestRobustCallsAreTheLibrarys(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	c := remutex.NewClient(rdb, remutex.WithLogger(slog.New(slog.DiscardHandler)))
+	t.Cleanup(func() { _ = c.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := c.Check(ctx); err != nil {
+		t.Fatalf("Check: %v", err)
+	}
+	var shas []string
+	for _, call := range robustCalls {
+		if call.arg != call.name { // a script's, not a plain command's
+			shas = append(shas, call.arg)
+		}
+	}
+	loaded, err := rdb.ScriptExists(ctx, shas...).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, ok := range loaded {
+		if !ok {
+			t.Errorf("the SHA1 %s the faults take for a call is of no script the library loaded", shas[i])
+		}
+	}
 }

@@ -1,4 +1,4 @@
-package remutex
+package robustness
 
 import (
 	"context"
@@ -18,21 +18,25 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/remutex/remutex"
+	"github.com/remutex/remutex/internal/lockcheck"
 	"github.com/remutex/remutex/internal/redistest"
 )
 
 // The robustness test, in the manner of etcd's tests/robustness: random
-// traffic (robust_traffic_test.go) from several Clients, each through a
-// proxy of its own to one real redis-server, under random faults
-// (robust_failpoints_test.go), recording a history that is checked
-// afterwards (robust_validate_test.go). Every choice comes from one seed,
+// traffic (traffic_test.go) from several Clients, each through a proxy of
+// its own to one real redis-server, under random faults
+// (failpoints_test.go), recording a history (internal/lockcheck) that is
+// checked afterwards (validate_test.go). Every choice comes from one seed,
 // which the test prints: the same seed makes the same choices (the timing,
-// and so the interleaving, differs from run to run).
+// and so the interleaving, differs from run to run). It uses remutex's
+// public API only; the request faults know the scripts' SHA1s from
+// internal/scripts.
 //
-//	go test -run 'TestRobustness$' -count=1 .                      # 30s
-//	go test -run 'TestRobustness$' -count=1 -timeout 0 -robust.duration=10m .
-//	REMUTEX_ROBUST_DURATION=10m go test -run 'TestRobustness$' -count=1 -timeout 0 .
-//	go test -run 'TestRobustness$' -count=1 -robust.seed=N .       # replay N
+//	go test -run 'TestRobustness$' -count=1 ./tests/robustness             # 30s
+//	go test -run 'TestRobustness$' -count=1 -timeout 0 ./tests/robustness -robust.duration=10m
+//	REMUTEX_ROBUST_DURATION=10m go test -run 'TestRobustness$' -count=1 -timeout 0 ./tests/robustness
+//	go test -run 'TestRobustness$' -count=1 ./tests/robustness -robust.seed=N  # replay N
 //
 // It runs on a real redis-server only: miniredis does not expire keys by
 // the clock, so leases, the heart of what is tested, would never end.
@@ -82,11 +86,11 @@ type robustEnv struct {
 	cfg        robustConfig
 	lease      time.Duration // the reference lease: fault and work times
 	grace      time.Duration
-	hist       *robustHistory
+	hist       *lockcheck.History
 	server     *robustServer
 	links      []*robustLink
 	clients    []*robustClient
-	oracle     *Client // fault-free, straight to the server
+	oracle     *remutex.Client // fault-free, straight to the server
 	failpoints []robustFailpoint
 	// By the nemesis only, read after it is joined: faults injected by
 	// kind; of the kinds that take requests or replies, how many took
@@ -103,7 +107,7 @@ type robustEnv struct {
 func newRobustEnv(t testing.TB, seed uint64, clients, workers int) *robustEnv {
 	t.Helper()
 	r := rand.New(rand.NewPCG(seed, 0))
-	env := &robustEnv{t: t, seed: seed, grace: *robustGraceFlag, hist: newRobustHistory(),
+	env := &robustEnv{t: t, seed: seed, grace: *robustGraceFlag, hist: lockcheck.New(),
 		failpoints: robustFailpoints, faults: map[string]int{}, fired: map[string]int{}, hits: map[string]int{},
 		callRounds: map[string][]robustCall{}, stats: robustStats{n: map[string]int{}}}
 	// Leases from 200ms to 2s, around a reference lease of 300ms to 1s.
@@ -131,7 +135,7 @@ func newRobustEnv(t testing.TB, seed uint64, clients, workers int) *robustEnv {
 	t.Cleanup(func() { redis.SetLogger(stderrRedisLog{log.New(os.Stderr, "redis: ", log.LstdFlags|log.Lshortfile)}) })
 	direct := redis.NewClient(&redis.Options{Addr: env.server.addr()})
 	t.Cleanup(func() { _ = direct.Close() })
-	env.oracle = NewClient(direct, WithLogger(quiet))
+	env.oracle = remutex.NewClient(direct, remutex.WithLogger(quiet))
 	t.Cleanup(func() { _ = env.oracle.Close() })
 	for i := 1; i <= clients; i++ {
 		env.clients = append(env.clients, env.newClient(i, r, quiet))
@@ -139,10 +143,10 @@ func newRobustEnv(t testing.TB, seed uint64, clients, workers int) *robustEnv {
 	return env
 }
 
-type robustRedisLog struct{ h *robustHistory }
+type robustRedisLog struct{ h *lockcheck.History }
 
 func (l robustRedisLog) Printf(_ context.Context, format string, v ...any) {
-	l.h.log("go-redis", format, v...)
+	l.h.Log("go-redis", format, v...)
 }
 
 type stderrRedisLog struct{ l *log.Logger }
@@ -180,18 +184,19 @@ func (env *robustEnv) newClient(i int, r *rand.Rand, quiet *slog.Logger) *robust
 	t.Cleanup(func() { _ = rdb.Close() })
 	cl := &robustClient{idx: i}
 	who := fmt.Sprintf("c%d", i)
-	cl.c = NewClient(rdb, WithLogger(quiet), WithErrorHandler(func(err error) {
+	cl.c = remutex.NewClient(rdb, remutex.WithLogger(quiet), remutex.WithErrorHandler(func(err error) {
 		cl.errs.Add(1)
-		at := env.hist.log(who, "error handler: %v", err)
+		at := env.hist.Log(who, "error handler: %v", err)
 		cl.heard(at, err)
 	}))
 	t.Cleanup(func() { _ = cl.c.Close() })
 	cfg := env.cfg
-	cl.m[0] = mutexLocker("mutex m", "m.A", cl.c.NewMutex("m", WithLease(cfg.leaseA), WithFencing()), 0)
-	cl.m[1] = mutexLocker("mutex m", "m.B", cl.c.NewMutex("m", WithLease(cfg.leaseB), WithFencing()), 0)
-	cl.mh = mutexLocker("mutex mh", "mh", cl.c.NewMutex("mh", WithLease(cfg.leaseMH), WithMinHold(cfg.minHold), WithFencing()), cfg.minHold)
-	cl.rw, cl.rr = rwLockers("rwmutex rw", cl.c.NewRWMutex("rw", WithLease(cfg.leaseRW), WithFencing()))
-	env.hist.log("setup", "c%d: go-redis options %v", i, opts)
+	lease, fencing := remutex.WithLease, remutex.WithFencing()
+	cl.m[0] = mutexLocker("mutex m", "m.A", cl.c.NewMutex("m", lease(cfg.leaseA), fencing), 0)
+	cl.m[1] = mutexLocker("mutex m", "m.B", cl.c.NewMutex("m", lease(cfg.leaseB), fencing), 0)
+	cl.mh = mutexLocker("mutex mh", "mh", cl.c.NewMutex("mh", lease(cfg.leaseMH), remutex.WithMinHold(cfg.minHold), fencing), cfg.minHold)
+	cl.rw, cl.rr = rwLockers("rwmutex rw", cl.c.NewRWMutex("rw", lease(cfg.leaseRW), fencing))
+	env.hist.Log("setup", "c%d: go-redis options %v", i, opts)
 	return cl
 }
 
@@ -215,7 +220,7 @@ func (env *robustEnv) count(call string, err error) {
 		form += " not taken"
 	case errors.As(err, &p):
 		form += " panic"
-	case errors.Is(err, ErrLockLost):
+	case errors.Is(err, remutex.ErrLockLost):
 		form += " ErrLockLost"
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
 		form += " ctx done"
@@ -248,7 +253,7 @@ func (env *robustEnv) run(d time.Duration) time.Duration {
 		}
 	}
 	time.Sleep(d)
-	env.stopAt = env.hist.log("run", "traffic stops")
+	env.stopAt = env.hist.Log("run", "traffic stops")
 	close(stop)
 	<-nemesisDone
 	done := make(chan struct{})
@@ -266,22 +271,22 @@ func (env *robustEnv) run(d time.Duration) time.Duration {
 			for _, w := range workers {
 				if s := w.doing.Load().(string); s != "" {
 					env.slow = append(env.slow, w.who+": "+s)
-					env.hist.log("run", "%s still in %s", w.who, s)
+					env.hist.Log("run", "%s still in %s", w.who, s)
 				}
 			}
 		case <-stuck.C:
 			for _, w := range workers {
 				if s := w.doing.Load().(string); s != "" {
-					env.hist.violation("liveness", w.who, "stuck in %s, %v after the faults were healed", s, patience)
+					env.hist.Violate("liveness", w.who, "stuck in %s, %v after the faults were healed", s, patience)
 				}
 			}
-			return env.hist.now()
+			return env.hist.Now()
 		}
 	}
-	end := env.hist.now()
-	env.hist.log("run", "every worker returned")
+	end := env.hist.Now()
+	env.hist.Log("run", "every worker returned")
 	env.checkFree()
-	env.freeAt = env.hist.now()
+	env.freeAt = env.hist.Now()
 	return end
 }
 
@@ -303,7 +308,7 @@ func (env *robustEnv) checkFree() {
 				break
 			}
 			if time.Now().After(deadline) {
-				env.hist.violation("liveness", "run", "%s is not free %v after every holder released: %+v (err %v)", name, bound, info, err)
+				env.hist.Violate("liveness", "run", "%s is not free %v after every holder released: %+v (err %v)", name, bound, info, err)
 				break
 			}
 			time.Sleep(20 * time.Millisecond) // Redis state has no event to wait for
@@ -312,13 +317,15 @@ func (env *robustEnv) checkFree() {
 }
 
 func TestRobustness(t *testing.T) {
-	skipShort(t, "the robustness test runs seeded traffic under faults for its whole duration")
+	if testing.Short() {
+		t.Skip("skipped under -short: the robustness test runs seeded traffic under faults for its whole duration")
+	}
 	seed := *robustSeedFlag
 	if seed == 0 {
 		seed = rand.Uint64()
 	}
 	d := robustDuration(t)
-	replay := fmt.Sprintf("go test -run 'TestRobustness$' -count=1 -timeout 0 -robust.seed=%d -robust.duration=%v .", seed, d)
+	replay := fmt.Sprintf("go test -run 'TestRobustness$' -count=1 -timeout 0 ./tests/robustness -robust.seed=%d -robust.duration=%v", seed, d)
 	t.Logf("seed %d; replay: %s", seed, replay)
 	env := newRobustEnv(t, seed, 3, 3)
 	t.Logf("%v; reference lease %v, grace %v", env.cfg, env.lease, env.grace)
@@ -330,26 +337,21 @@ func TestRobustness(t *testing.T) {
 // writes the whole history to a file and prints each with its timeline.
 func (env *robustEnv) report(t *testing.T, end time.Duration, replay string) {
 	h := env.hist
-	bad, near := h.check(robustLimits{size: map[string]int64{"semaphore sem": env.cfg.semSize}, grace: env.grace, end: end})
+	bad, near := env.check(end)
 	var stats []string
 	for k, n := range env.stats.n {
 		stats = append(stats, fmt.Sprintf("%s: %d", k, n))
 	}
 	slices.Sort(stats)
-	lost := 0
-	for _, hd := range h.holds {
-		if hd.lostAt >= 0 && (hd.releaseAt < 0 || hd.lostAt < hd.releaseAt) {
-			lost++
-		}
-	}
+	counts := h.Counts()
 	var handled int64
 	for _, cl := range env.clients {
 		handled += cl.errs.Load()
 	}
 	t.Logf("%d holds (%d lost), %d restarts, faults %v, %d errors reported to the handlers; calls:\n\t%s",
-		len(h.holds), lost, len(h.restarts), env.faults, handled, strings.Join(stats, "\n\t"))
+		counts.Held, counts.Lost, counts.Restarts, env.faults, handled, strings.Join(stats, "\n\t"))
 	t.Logf("traffic stopped at %v; every worker returned %v later, every lock was free %v later",
-		fmtAt(env.stopAt), (end - env.stopAt).Round(time.Millisecond), (env.freeAt - end).Round(time.Millisecond))
+		lockcheck.At(env.stopAt), (end - env.stopAt).Round(time.Millisecond), (env.freeAt - end).Round(time.Millisecond))
 	if len(env.slow) > 0 {
 		t.Logf("calls still under way 2s after the faults were healed:\n\t%s", strings.Join(env.slow, "\n\t"))
 	}
@@ -367,7 +369,7 @@ func (env *robustEnv) report(t *testing.T, end time.Duration, replay string) {
 		for _, v := range bad {
 			fmt.Fprintf(f, "VIOLATION %v\n", v)
 		}
-		_, _ = io.WriteString(f, h.timeline(0, end+time.Hour, nil))
+		_, _ = io.WriteString(f, h.Timeline(0, end+time.Hour, nil))
 		_ = f.Close()
 		path = f.Name()
 	}
@@ -380,23 +382,23 @@ func (env *robustEnv) report(t *testing.T, end time.Duration, replay string) {
 	}
 	kinds := map[string]int{}
 	for _, v := range bad {
-		kinds[v.kind]++
+		kinds[v.Kind]++
 	}
 	t.Errorf("%d violations %v with seed %d; whole history: %s\nreplay: %s", len(bad), kinds, env.seed, path, replay)
 }
 
 // window is the timeline around v: its holders' calls and the faults, from
 // a lease before the first of them began until a lease after v.
-func (env *robustEnv) window(v robustViolation) string {
-	from := v.at - 2*env.lease
+func (env *robustEnv) window(v lockcheck.Violation) string {
+	from := v.At - 2*env.lease
 	who := map[string]bool{"nemesis": true}
-	for _, hd := range v.holds {
-		from = min(from, hd.invoke-env.lease)
-		who[hd.who] = true
-		who[fmt.Sprintf("c%d", hd.client)] = true
+	for _, hd := range v.Holds {
+		from = min(from, hd.Invoke-env.lease)
+		who[hd.Who] = true
+		who[hd.Client] = true
 	}
-	if len(v.holds) == 0 {
+	if len(v.Holds) == 0 {
 		who = nil
 	}
-	return env.hist.timeline(from, v.at+env.lease, who)
+	return env.hist.Timeline(from, v.At+env.lease, who)
 }
