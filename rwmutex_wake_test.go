@@ -56,13 +56,15 @@ func TestRWWakeAtLeaseEnd(t *testing.T) {
 	for _, read := range []bool{false, true} {
 		late := 0
 		for i := range rounds {
+			// TryLockContext, not TryLock, whose 300ms a loaded machine
+			// can outlast: the lock is free.
+			ctx := testCtx(t, hangGuard)
 			start := time.Now()
-			if !holder.TryLock() {
-				t.Fatalf("round %d: the holder's TryLock: got false", i)
+			if ok, err := holder.TryLockContext(ctx); !ok || err != nil {
+				t.Fatalf("round %d: the holder's TryLockContext: got (%v, %v), want (true, nil)", i, ok, err)
 			}
 			// Queue in the lease's last milliseconds, spread over them.
 			time.Sleep(time.Until(start.Add(lease - time.Duration(i%4)*time.Millisecond)))
-			ctx := testCtx(t, hangGuard)
 			lock, unlock := waiter.LockContext, waiter.UnlockContext
 			if read {
 				lock, unlock = waiter.RLockContext, waiter.RUnlockContext
