@@ -5,12 +5,10 @@ import (
 	"crypto/sha1"
 	"encoding/hex"
 	"errors"
-	"flag"
 	"fmt"
 	"log/slog"
 	"net"
 	"os"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -33,7 +31,7 @@ func TestMain(m *testing.M) {
 	if role := redistest.ChildRole(); role != "" {
 		os.Exit(runChild(role))
 	}
-	defaultParallel()
+	redistest.DefaultParallel(parallelTests)
 	code := m.Run()
 	redistest.StopShared()
 	if code == 0 {
@@ -48,22 +46,10 @@ func TestMain(m *testing.M) {
 }
 
 // parallelTests is how many of the package's parallel tests run at once
-// unless -parallel says otherwise. They spend their time waiting (on
-// leases, failovers and servers of their own; the package uses about a
-// third of a core), so more of them than GOMAXPROCS, go test's default,
-// run at once.
+// unless -parallel says otherwise (see redistest.DefaultParallel): the
+// package uses about a third of a core, its parallel tests waiting on
+// leases, failovers and servers of their own.
 const parallelTests = 4
-
-// defaultParallel sets -test.parallel to parallelTests if the command line
-// did not set it.
-func defaultParallel() {
-	flag.Parse()
-	set := false
-	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
-	if !set {
-		_ = flag.Set("test.parallel", strconv.Itoa(max(parallelTests, runtime.GOMAXPROCS(0))))
-	}
-}
 
 // testBackend is one Redis to run a behaviour test on.
 type testBackend struct {

@@ -17,6 +17,7 @@ func TestMain(m *testing.M) {
 	if role := redistest.ChildRole(); role != "" {
 		os.Exit(runChild(role))
 	}
+	redistest.DefaultParallel(len(partKinds)) // its kinds run at once
 	code := m.Run()
 	redistest.StopShared()
 	os.Exit(code)

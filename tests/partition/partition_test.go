@@ -57,6 +57,10 @@ const (
 	partBack = partLease + 5*time.Second
 )
 
+// partKinds are the kinds of lock the suite cuts apart, all at once (see
+// TestMain).
+var partKinds = []string{"mutex", "rw", "sem"}
+
 // TestPartition runs the suite for each primitive, the three at once.
 func TestPartition(t *testing.T) {
 	if testing.Short() {
@@ -80,7 +84,7 @@ func TestPartition(t *testing.T) {
 	}
 	// The three kinds run at once, each with its own namespaces, servers
 	// and register: nothing of one run reaches another's.
-	for i, kind := range []string{"mutex", "rw", "sem"} {
+	for i, kind := range partKinds {
 		t.Run(kind, func(t *testing.T) {
 			t.Parallel()
 			t.Logf("seed %d (replay: %s=%d go test ./tests/partition -run 'TestPartition/%s')", seed, partSeedEnv, seed, kind)
