@@ -2,13 +2,11 @@ package remutex
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/remutex/remutex/internal/transport"
 	"github.com/remutex/remutex/internal/wire"
 )
 
@@ -17,8 +15,6 @@ import (
 // through the same keys and scripts as DistMutex, DistRWMutex and
 // DistSemaphore, so that users and the remutex command need not know the
 // layout.
-
-var inspectScript = loadScript("inspect")
 
 // LockInfo is the state of the lock under one name, as Inspect read it.
 type LockInfo struct {
@@ -154,9 +150,13 @@ func (c *Client) Inspect(ctx context.Context, name string) (LockInfo, error) {
 	if err != nil {
 		return LockInfo{}, err
 	}
-	infos, err := c.be.inspect(ctx, t, true)
+	recs, err := c.be.Inspect(ctx, t, true)
 	if err != nil {
-		return LockInfo{Name: name, Key: t.keys[0][0]}, adminError("inspect", name, err)
+		return LockInfo{Name: name, Key: t.Keys[0][0]}, adminError("inspect", name, err)
+	}
+	infos := make([]LockInfo, len(recs))
+	for i := range recs {
+		infos[i] = lockInfo(t, i, &recs[i])
 	}
 	return pickInfo(infos), nil
 }
@@ -193,7 +193,7 @@ func (c *Client) ForceUnlock(ctx context.Context, name string, owners ...string)
 	if err != nil {
 		return false, err
 	}
-	released, err = c.be.forceUnlock(ctx, t, owners)
+	released, err = c.be.ForceUnlock(ctx, t, owners)
 	if err != nil {
 		return released, adminError("forceunlock", name, err)
 	}
@@ -206,50 +206,23 @@ func adminError(op, name string, err error) error {
 	return &LockError{Lock: name, Op: op, Err: err}
 }
 
-// adminKind is one kind of lock as Inspect and ForceUnlock see it. Another
-// kind of lock is one more entry in adminKinds (and, for a structure
-// inspect.lua does not read yet, one more letter there and in readRole).
-type adminKind struct {
-	name  string                             // LockInfo.Kind
-	keys  func(prefix, name string) []string // its keys, in the order of roles
-	roles string                             // what inspect.lua reads at each key
-	side  func(h Holder) *kind               // the side of the lock whose release script ends h
-}
-
-// adminKinds are the kinds of lock, in the order Inspect reports them.
-var adminKinds = [...]adminKind{
-	{name: "mutex", keys: wire.LockKeys, roles: "hfq", side: func(Holder) *kind { return mutexKind }},
-	{name: "rwmutex", keys: wire.RWKeys, roles: "hfqr", side: func(h Holder) *kind {
-		if h.Read {
+// adminSides are, per kind of transport.AdminKinds, the side of the lock
+// whose release script ends a hold (a read hold if read).
+var adminSides = [len(transport.AdminKinds)]func(read bool) *kind{
+	func(bool) *kind { return mutexKind },
+	func(read bool) *kind {
+		if read {
 			return readKind
 		}
 		return writeKind
-	}},
-	{name: "semaphore", keys: wire.SemKeys, roles: "pfqs", side: func(Holder) *kind { return semKind }},
-	// A DistOnce's lock (its runner and waiters; its records are read by
-	// Client.InspectOnce).
-	{name: "once", keys: wire.OnceLockKeys, roles: "hfq", side: func(Holder) *kind { return onceKind }},
+	},
+	func(bool) *kind { return semKind },
+	func(bool) *kind { return onceKind },
 }
-
-// adminRoles is inspect.lua's ARGV[1]: the roles of every kind's keys.
-var adminRoles = func() interface{} {
-	var b strings.Builder
-	for _, k := range adminKinds {
-		b.WriteString(k.roles)
-	}
-	return b.String()
-}()
 
 // adminTarget is every kind of lock called name: what Inspect reads and
 // ForceUnlock releases.
-type adminTarget struct {
-	name    string
-	keys    [len(adminKinds)][]string // each kind's keys; keys[0][0] is P{name}
-	keyArgs []interface{}             // all of them, boxed, for one call of inspect.lua
-	// spec is the lock whose release script ends hold h of info, a lock of
-	// kind (an index in adminKinds).
-	spec func(kind int, info *LockInfo, h Holder) *lockSpec
-}
+type adminTarget = transport.AdminTarget
 
 // checkAdmin checks an Inspect or ForceUnlock call (op, as LockError.Op
 // names it) and returns what it is about: the keys of the locks called
@@ -267,37 +240,18 @@ func (c *Client) checkAdmin(ctx context.Context, op, name string) (*adminTarget,
 	if closed {
 		return nil, adminError(op, name, ErrClosed)
 	}
-	t := &adminTarget{name: name, spec: func(kind int, info *LockInfo, h Holder) *lockSpec {
-		s := c.newSpec(name, mutexConfig{lease: DefaultLease}, adminKinds[kind].side(h))
-		if info.Size > 0 {
+	return transport.NewAdminTarget(c.prefix, name, func(kind int, size int64, read bool) *transport.Spec {
+		s := c.newSpec(name, mutexConfig{lease: DefaultLease}, adminSides[kind](read))
+		if size > 0 {
 			// As NewSemaphore sets it (sem_release.lua reads the size from
 			// its key, not from this).
-			s.size = strconv.FormatInt(info.Size, 10)
+			s.Size = strconv.FormatInt(size, 10)
 		}
-		return &s
-	}}
-	for i, k := range adminKinds {
-		t.keys[i] = k.keys(c.prefix, name)
-		for _, key := range t.keys[i] {
-			t.keyArgs = append(t.keyArgs, key)
-		}
-	}
-	return t, nil
+		return &s.Spec
+	}), nil
 }
 
-// homes are the keys of kind i whose channels (<key>:released:<client id>)
-// its waiters' Clients listen on: those its holds live in.
-func (t *adminTarget) homes(i int) []string {
-	var homes []string
-	for j, role := range adminKinds[i].roles {
-		if role == 'h' || role == 'r' || role == 'p' {
-			homes = append(homes, t.keys[i][j])
-		}
-	}
-	return homes
-}
-
-// pickInfo returns the first kind of lock in infos (one per adminKinds)
+// pickInfo returns the first kind of lock in infos (one per transport.AdminKinds)
 // that has state, with the others that have some in Others; with none, a
 // LockInfo of Kind "" for the DistMutex's key.
 func pickInfo(infos []LockInfo) LockInfo {
@@ -319,105 +273,35 @@ func pickInfo(infos []LockInfo) LockInfo {
 	return info
 }
 
-func (n *node) inspect(ctx context.Context, t *adminTarget, subscribers bool) ([]LockInfo, error) {
-	v, err := n.evalOn(ctx, t.keyArgs, inspectScript, adminRoles)
-	if err != nil {
-		return nil, err
+// lockInfo is the LockInfo of rec, kind i of t's locks.
+func lockInfo(t *adminTarget, i int, rec *transport.LockRecord) LockInfo {
+	info := LockInfo{Name: t.Name, Key: t.Keys[i][0], Kind: transport.AdminKinds[i].Name, Holders: []Holder{}, Waiters: []Waiter{},
+		Fence: rec.Fence, Size: rec.Size, Subscribers: rec.Subscribers}
+	for _, h := range rec.Holds {
+		info.Holders = append(info.Holders, newHolder(h.Field, h.Count, h.Read, h.TTLMs))
 	}
-	infos, err := parseInspect(t, v)
-	if err != nil || !subscribers {
-		return infos, err
+	for _, e := range rec.Queue {
+		w, flag, ok := parseWaiter(e)
+		if !ok {
+			continue
+		}
+		info.Waiters = append(info.Waiters, w)
+		if flag == "w" || flag == "W" {
+			info.WritersWaiting++
+		}
 	}
-	return infos, n.subscribers(ctx, t, infos)
+	settle(&info)
+	return info
 }
 
-// parseInspect decodes the reply of inspect.lua: one LockInfo per kind of
-// lock, in the order of adminKinds.
-func parseInspect(t *adminTarget, v interface{}) ([]LockInfo, error) {
-	a, ok := v.([]interface{})
-	if !ok || len(a) != len(t.keyArgs) {
-		return nil, fmt.Errorf("remutex: unexpected inspect reply %v", v)
-	}
-	infos := make([]LockInfo, len(adminKinds))
-	for i, k := range adminKinds {
-		info := LockInfo{Name: t.name, Key: t.keys[i][0], Kind: k.name, Holders: []Holder{}, Waiters: []Waiter{}}
-		for j := range k.roles {
-			readRole(&info, k.roles[j], a[j])
-		}
-		a = a[len(k.roles):]
-		settle(&info)
-		infos[i] = info
-	}
-	return infos, nil
-}
-
-// readRole adds to info what inspect.lua read at one key of role r (see
-// there).
-func readRole(info *LockInfo, r byte, v interface{}) {
-	switch r {
-	case 'h':
-		hp, _ := v.([]interface{})
-		if len(hp) != 2 {
-			return
-		}
-		fields, _ := hp[0].([]interface{})
-		pttl, _ := hp[1].(int64)
-		for i := 0; i+1 < len(fields); i += 2 {
-			count, _ := strconv.Atoi(fmt.Sprint(fields[i+1]))
-			info.Holders = append(info.Holders, newHolder(fmt.Sprint(fields[i]), count, false, pttl))
-		}
-	case 'r':
-		readers, _ := v.([]interface{})
-		for i := 0; i+1 < len(readers); i += 2 {
-			ms, _ := readers[i+1].(int64)
-			info.Holders = append(info.Holders, newHolder(fmt.Sprint(readers[i]), 1, true, ms))
-		}
-	case 'p':
-		holders, _ := v.([]interface{})
-		for i := 0; i+2 < len(holders); i += 3 {
-			permits, _ := holders[i+1].(int64)
-			ms, _ := holders[i+2].(int64)
-			info.Holders = append(info.Holders, newHolder(fmt.Sprint(holders[i]), int(permits), false, ms))
-		}
-	case 'f':
-		if f := fmt.Sprint(v); f != "" {
-			info.Fence, _ = strconv.ParseInt(f, 10, 64)
-		}
-	case 's':
-		if f := fmt.Sprint(v); f != "" {
-			info.Size, _ = strconv.ParseInt(f, 10, 64)
-		}
-	case 'q':
-		queue, _ := v.([]interface{})
-		for _, e := range queue {
-			w, flag, ok := parseWaiter(fmt.Sprint(e))
-			if !ok {
-				continue
-			}
-			info.Waiters = append(info.Waiters, w)
-			if flag == "w" || flag == "W" {
-				info.WritersWaiting++
-			}
-		}
-	}
-}
+// keptPrefix begins the field that keeps a released lock taken for the
+// rest of its minimum hold (see transport.KeptPrefix).
+const keptPrefix = transport.KeptPrefix
 
 func newHolder(owner string, count int, read bool, ttlMs int64) Holder {
 	owner, kept := strings.CutPrefix(owner, keptPrefix)
 	host, pid := wire.OwnerOrigin(owner)
 	return Holder{Owner: owner, Count: count, Read: read, Kept: kept, TTL: time.Duration(max(ttlMs, -1)) * time.Millisecond, Host: host, PID: pid}
-}
-
-// keptPrefix begins the field that keeps a released lock taken for the
-// rest of its minimum hold (WithMinHold; see release.lua).
-const keptPrefix = "kept:"
-
-// field is the hash field of a hold: its owner token, or the kept field.
-func (h Holder) field() string {
-	if h.Kept {
-		return keptPrefix + h.Owner
-	}
-	return h.Owner
 }
 
 // parseWaiter decodes a queue entry (see queue.lua),
@@ -434,20 +318,8 @@ func parseWaiter(entry string) (w Waiter, flag string, ok bool) {
 	return w, q.Flag, true
 }
 
-// settle orders info's holders and sums up its holds.
+// settle sums up info's holds (in the order of sortHolds already).
 func settle(info *LockInfo) {
-	slices.SortFunc(info.Holders, func(x, y Holder) int {
-		if c := strings.Compare(x.Owner, y.Owner); c != 0 {
-			return c
-		}
-		if x.Read == y.Read {
-			return 0
-		}
-		if x.Read {
-			return 1
-		}
-		return -1
-	})
 	unexpiring := false
 	for _, h := range info.Holders {
 		if h.Read {
@@ -459,41 +331,4 @@ func settle(info *LockInfo) {
 	if unexpiring {
 		info.TTL = -time.Millisecond
 	}
-}
-
-// forceUnlock releases each hold that inspect finds, of every kind of lock
-// (only those of owners, if any are given), with the release script of its
-// kind and side, as its own final unlock would (a semaphore's: a release of
-// all its permits).
-func (n *node) forceUnlock(ctx context.Context, t *adminTarget, owners []string) (bool, error) {
-	infos, err := n.inspect(ctx, t, false)
-	if err != nil {
-		return false, err
-	}
-	released := false
-	for kind, info := range infos {
-		for _, h := range info.Holders {
-			if len(owners) > 0 && !slices.Contains(owners, h.Owner) {
-				continue
-			}
-			res, err := n.release(ctx, t.spec(kind, &info, h), h.field(), 0, "0")
-			if err != nil {
-				return released, err
-			}
-			released = released || res != releaseNotHeld
-		}
-	}
-	return released, nil
-}
-
-// errQuorumAdmin is Inspect and ForceUnlock on a quorum: each server has
-// its own view of a lock, which no single LockInfo describes.
-var errQuorumAdmin = fmt.Errorf("remutex: %w on a quorum Client (NewQuorumClient): use a NewClient per server", errors.ErrUnsupported)
-
-func (q *quorum) inspect(context.Context, *adminTarget, bool) ([]LockInfo, error) {
-	return nil, errQuorumAdmin
-}
-
-func (q *quorum) forceUnlock(context.Context, *adminTarget, []string) (bool, error) {
-	return false, errQuorumAdmin
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/remutex/remutex/internal/redistest"
+	"github.com/remutex/remutex/internal/transport"
 )
 
 // Tests of the coalescing of concurrent script calls (batch.go). A callGate
@@ -58,12 +59,12 @@ func callName(cmd redis.Cmder) string {
 }
 
 // queuedName is callName for a call not sent yet.
-func queuedName(cl *call) string {
-	if cl.s == nil {
-		name, keys := plainRelease(cl.args)
+func queuedName(cl transport.QueuedCall) string {
+	if cl.Script == nil {
+		name, keys := plainRelease(cl.Args)
 		return name + ":" + keys[0]
 	}
-	return scriptNames[cl.s.hash] + ":" + fmt.Sprint(cl.keys[0])
+	return scriptNames[cl.Script.Hash()] + ":" + fmt.Sprint(cl.Keys[0])
 }
 
 func (g *callGate) hook() redis.Hook {
@@ -126,14 +127,9 @@ func (g *callGate) pipeWith(call string) []string {
 // queuedCalls returns the calls waiting in c's queue whose callers still
 // wait, as "script:first key", sorted.
 func queuedCalls(c *Client) []string {
-	b := &c.be.(*node).batch
-	b.mu.Lock()
-	defer b.mu.Unlock()
 	var out []string
-	for _, p := range b.queue {
-		if p.state == pendQueued {
-			out = append(out, queuedName(&p.cl))
-		}
+	for _, cl := range transport.Queued(c.be, false) {
+		out = append(out, queuedName(cl))
 	}
 	slices.Sort(out)
 	return out
@@ -152,22 +148,14 @@ func calls(script string, ms ...*DistMutex) []string {
 // queued is the number of calls waiting in the Client's queue (some may be
 // given up and no longer waited for).
 func queued(c *Client) int {
-	b := &c.be.(*node).batch
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return len(b.queue)
+	return len(transport.Queued(c.be, true))
 }
 
 // awaitIdle waits until c's node has no call in flight or queued (posted
 // calls included).
 func awaitIdle(t testing.TB, c *Client) {
 	t.Helper()
-	bt := &c.be.(*node).batch
-	waitFor(t, "the node idle (no call queued or in flight)", func() bool {
-		bt.mu.Lock()
-		defer bt.mu.Unlock()
-		return !bt.drainer && bt.alone == 0 && len(bt.queue) == 0
-	})
+	waitFor(t, "the node idle (no call queued or in flight)", func() bool { return transport.Idle(c.be) })
 }
 
 // settled waits until the calls that the waits of c given up posted to
@@ -381,7 +369,7 @@ func TestBatchErrorsPerCall(t *testing.T) {
 		c := clientOn(t, rdb)
 		a, bm := c.NewMutex(name+"-a"), c.NewMutex(name+"-b")
 		free, busy, bad := c.NewMutex(name+"-free"), c.NewMutex(name+"-busy"), c.NewMutex(name+"-bad")
-		for i := 0; busy.spec.quick.until == free.spec.quick.until || busy.spec.quick.until == bad.spec.quick.until; i++ {
+		for i := 0; busy.spec.Quick.Until == free.spec.Quick.Until || busy.spec.Quick.Until == bad.spec.Quick.Until; i++ {
 			// (Locks that share a slot of the Client's contention marks
 			// would be sent the full script with busy.)
 			busy = c.NewMutex(fmt.Sprintf("%s-busy%d", name, i))
@@ -400,7 +388,7 @@ func TestBatchErrorsPerCall(t *testing.T) {
 		g := newCallGate(a.spec.hash(), bm.spec.hash())
 		rdb.AddHook(g.hook())
 		ra, rb := stall(t, c, g, a, bm)
-		for _, cmd := range [][]interface{}{{"script", "flush"}, {"script", "load", quickLock.src}} {
+		for _, cmd := range [][]interface{}{{"script", "flush"}, {"script", "load", quickLock.Src}} {
 			if err := check.Do(ctx, cmd...).Err(); err != nil {
 				t.Fatalf("%v: %v", cmd[:2], err)
 			}
@@ -408,7 +396,7 @@ func TestBatchErrorsPerCall(t *testing.T) {
 		// First in the queue, a call whose script the server lost
 		// (acquire.lua: the lock was seen contended); its NOSCRIPT resends
 		// the rest.
-		busy.spec.quick.contended()
+		busy.spec.Quick.Contended()
 		res := tryAll(t, []*DistMutex{busy})
 		waitFor(t, "the first call queued", func() bool { return slices.Equal(queuedCalls(c), calls("acquire", busy)) })
 		res = append(res, tryAll(t, []*DistMutex{free, bad})...)

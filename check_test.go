@@ -21,6 +21,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/remutex/remutex/internal/redistest"
+	"github.com/remutex/remutex/internal/transport"
 )
 
 // Tests of Client.Check and Client.Servers on every server remutex
@@ -280,7 +281,7 @@ func handOffWorks(t *testing.T, c *Client) {
 	}
 	w := lockAsync(t, c.NewMutex(name), nil, "the waiter")
 	waitFor(t, "the waiter queued", func() bool {
-		return c.be.(*node).rdb.Exists(ctx, keysOf(name).queue).Val() == 1
+		return transport.Redis(c.be).Exists(ctx, keysOf(name).queue).Val() == 1
 	})
 	if err := holder.UnlockContext(ctx); err != nil {
 		t.Fatalf("UnlockContext: %v", err)

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/remutex/remutex/internal/transport"
 	"github.com/remutex/remutex/internal/wire"
 )
 
@@ -132,8 +133,21 @@ func NewClient(rdb redis.UniversalClient, opts ...Option) *Client {
 		panic("remutex: NewClient: nil redis client")
 	}
 	c := newClient("NewClient", opts)
-	c.be = newNode(c, rdb, true)
+	c.be = transport.NewNode(c.transportConfig(), rdb)
 	return c
+}
+
+// replicaAck is WithReplicaAck: writes wait for this many replicas.
+type replicaAck struct {
+	replicas int
+	timeout  time.Duration
+}
+
+// transportConfig is what c's backend is built from: its settings and the
+// engine's hooks (deliver.go, scriptError).
+func (c *Client) transportConfig() transport.Config {
+	return transport.Config{Log: c.log, Replicas: c.ack.replicas, AckTimeout: c.ack.timeout,
+		Listener: (*listener)(c), ScriptError: scriptError}
 }
 
 // newClient applies opts to a new Client without a backend.
@@ -225,7 +239,7 @@ func (c *Client) Close() error {
 	}
 	t.Stop()
 	c.wd.stop()
-	c.be.close(time.Now().Add(CloseTimeout / 2))
+	c.be.Close(time.Now().Add(CloseTimeout / 2))
 	c.announce(lost)
 	return nil
 }

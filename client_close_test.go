@@ -144,7 +144,7 @@ func TestCloseWhileQueueing(t *testing.T) {
 		}})
 		c = clientOn(t, rdb)
 		m := c.NewMutex(name)
-		m.spec.quick.until.Store(math.MaxInt64) // acquire.lua, which queues, at once
+		m.spec.Quick.Until.Store(math.MaxInt64) // acquire.lua, which queues, at once
 		lctx, cancel := context.WithCancel(ctx) // a context that can end: the call goes through the drainer
 		defer cancel()
 		res := make(chan error, 1)

@@ -261,7 +261,7 @@ func testClusterReplicaAck(t *testing.T, tc *redistest.Cluster) {
 		if err != nil || len(owners) != 1 || !strings.HasPrefix(owners[0], c.id+":") {
 			t.Errorf("lock %q on replica %v right after LockContext: got owners %q (%v), want one of Client %s", m.Name(), r, owners, err, c.id)
 		}
-		fence, err := r.RDB.Get(ctx, m.spec.keys[1]).Int64()
+		fence, err := r.RDB.Get(ctx, m.spec.Keys[1]).Int64()
 		if err != nil || fence != m.Fence() {
 			t.Errorf("fence of %q on replica %v: got %d (%v), want %d", m.Name(), r, fence, err, m.Fence())
 		}

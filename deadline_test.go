@@ -141,7 +141,7 @@ func testDeadlines(t *testing.T, s stalled, opt func(*redis.Options)) {
 	})
 	s.resume()
 	// What the calls cut off may have done is undone once Redis answers.
-	for _, key := range []string{m.spec.hash(), m.spec.keys[2], held.spec.hash(), plain.spec.hash()} {
+	for _, key := range []string{m.spec.hash(), m.spec.Keys[2], held.spec.hash(), plain.spec.hash()} {
 		waitFor(t, "no key "+key+" left behind", func() bool { return s.check.Exists(context.Background(), key).Val() == 0 })
 	}
 }

@@ -12,7 +12,13 @@ import (
 	"github.com/remutex/remutex/internal/wire"
 )
 
-func (c *Client) done() <-chan struct{} { return c.closing }
+// listener is the Client as its backend's subscriptions see it (see
+// transport.Listener).
+type listener Client
+
+func (l *listener) Dispatch(channel, payload string) { (*Client)(l).dispatch(channel, payload) }
+func (l *listener) WakeAll()                         { (*Client)(l).wakeAll() }
+func (l *listener) Done() <-chan struct{}            { return l.closing }
 
 // dispatch hands a message on the Client's channel of a lock (see
 // wire.Message) to the local waiter it names: a grant, a wake-up, or the

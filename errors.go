@@ -1,14 +1,12 @@
 package remutex
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"strings"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/remutex/remutex/internal/transport"
 	"github.com/remutex/remutex/internal/wire"
 )
 
@@ -24,17 +22,17 @@ var (
 	ErrLockLost = errors.New("remutex: lock lost")
 
 	// ErrClosed is returned for calls on a Client after Close.
-	ErrClosed = errors.New("remutex: client closed")
+	ErrClosed = transport.ErrClosed
 
 	// ErrTooFewReplicas reports that fewer replicas than WithReplicaAck asks
 	// for acknowledged an acquisition in time; it was rolled back. It is
 	// transient: Lock retries it.
-	ErrTooFewReplicas = errors.New("remutex: too few replicas acknowledged")
+	ErrTooFewReplicas = transport.ErrTooFewReplicas
 
 	// ErrNoQuorum reports that a quorum Client could not reach a majority of
 	// its servers for a call (they failed, not that the lock was busy). It is
 	// transient: Lock retries it.
-	ErrNoQuorum = errors.New("remutex: no majority of servers answered")
+	ErrNoQuorum = transport.ErrNoQuorum
 
 	// ErrAuthRequired reports that the Redis server refused a call because
 	// the connection is not authenticated (NOAUTH, or the "unauthenticated"
@@ -197,57 +195,11 @@ func scriptError(err error) error {
 // something that is not a Redis reply (an HTTP server, say): permanent.
 var errNotRedis = errors.New("remutex: not a Redis server")
 
-// isReply reports whether err is, or wraps, an error reply of the server
-// (go-redis's parser errors included). Its target escapes, so callers on an
-// uncontended path call it only once err is not nil.
-func isReply(err error) bool {
-	var rerr redis.Error
-	return errors.As(err, &rerr)
-}
-
-// isProtocolError reports an error of go-redis's reply parser: the server
-// answered with something that is not a Redis reply.
-func isProtocolError(err error) bool {
-	msg := err.Error()
-	return strings.HasPrefix(msg, "redis: invalid reply") || strings.HasPrefix(msg, "redis: can't parse")
-}
-
-// transient reports whether err is worth retrying: network failures,
-// timeouts (a deadline that ended a call: callers look at their own
-// context first), and the Redis replies above. Everything else (WRONGTYPE,
-// NOPERM, OOM, script errors, a server that is not Redis, ErrClosed, a
-// cancelled context) is permanent.
-// final marks an error that would be transient as one not to retry the
-// call for (see node.ackedCall); it reads as the error it wraps.
-type final struct{ error }
-
-func (f final) Unwrap() error { return f.error }
-
-func transient(err error) bool {
-	var f final
-	if err == nil || errors.Is(err, ErrClosed) || errors.Is(err, context.Canceled) || errors.As(err, &f) {
-		return false
-	}
-	if errors.Is(err, context.DeadlineExceeded) {
-		return true
-	}
-	if errors.Is(err, ErrTooFewReplicas) || errors.Is(err, ErrNoQuorum) {
-		return true
-	}
-	var rerr redis.Error
-	if errors.As(err, &rerr) {
-		return wire.TransientReply(rerr.Error())
-	}
-	var nerr net.Error
-	if errors.As(err, &nerr) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
-		errors.Is(err, net.ErrClosed) || errors.Is(err, redis.ErrPoolTimeout) {
-		return true
-	}
-	// go-redis reports some dial and pool problems as plain errors.
-	msg := err.Error()
-	return strings.Contains(msg, "connection refused") || strings.Contains(msg, "connection reset") ||
-		strings.Contains(msg, "broken pipe") || strings.Contains(msg, "i/o timeout")
-}
+// isReply, isProtocolError and transient are internal/transport's (see
+// there): the engine retries what the transport would.
+func isReply(err error) bool         { return transport.IsReply(err) }
+func isProtocolError(err error) bool { return transport.IsProtocolError(err) }
+func transient(err error) bool       { return transport.Transient(err) }
 
 // Causes of a lost hold, wrapped in ErrLockLost.
 var (

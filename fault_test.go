@@ -504,8 +504,8 @@ func TestFaultConnectionReset(t *testing.T) {
 	// the final release: a resent quick_lock.lua finds the hash and hands over
 	// to acquire.lua, a resent HDEL finds nothing), the others the contended
 	// way (acquire.lua, release.lua).
-	calm := func() { m.spec.quick.until.Store(0) }
-	contended := func() { m.spec.quick.until.Store(math.MaxInt64) }
+	calm := func() { m.spec.Quick.Until.Store(0) }
+	contended := func() { m.spec.Quick.Until.Store(math.MaxInt64) }
 
 	g.do(t, 5*time.Second, "warm-up", func() { // loads the scripts and seeds the fence counter
 		if err := m.LockContext(ctx); err == nil {
@@ -732,7 +732,7 @@ func TestFaultScriptFlush(t *testing.T) {
 	flush()
 	flushed := time.Now()
 	cmds.await(t, flushed, faultLease, "a renewal after SCRIPT FLUSH", func(c loggedCommand) bool {
-		return len(c.args) > 1 && c.args[0] == "eval" && c.args[1] == renewScript.src && c.err == nil
+		return len(c.args) > 1 && c.args[0] == "eval" && c.args[1] == renewScript.Src && c.err == nil
 	})
 	if isClosed(lost) {
 		t.Fatal("hold lost after a renewal past SCRIPT FLUSH")

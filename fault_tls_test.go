@@ -141,7 +141,7 @@ func TestFaultTLS(t *testing.T) {
 	locked := time.Now()
 	cmds.await(t, locked, faultLease, "a renewal over TLS", func(c loggedCommand) bool {
 		return len(c.args) > 1 && c.err == nil &&
-			(c.args[0] == "evalsha" && c.args[1] == renewScript.Hash() || c.args[0] == "eval" && c.args[1] == renewScript.src)
+			(c.args[0] == "evalsha" && c.args[1] == renewScript.Hash() || c.args[0] == "eval" && c.args[1] == renewScript.Src)
 	})
 	if pttl, err := direct.Do(ctx, "pttl", k.hash).Int64(); err != nil || pttl <= (faultLease*2/3).Milliseconds() {
 		t.Errorf("PTTL after a renewal: %d ms (%v), want about the lease", pttl, err)

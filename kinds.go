@@ -1,6 +1,10 @@
 package remutex
 
-import "github.com/remutex/remutex/internal/wire"
+import (
+	"github.com/remutex/remutex/internal/wire"
+
+	"github.com/remutex/remutex/internal/transport"
+)
 
 // kind is one kind of lock, as data: its keys, its scripts, how its queue
 // entries and renewals name it, its uncontended cycle, and what it asks of
@@ -32,9 +36,9 @@ type kind struct {
 	// permits: it counts permits (a semaphore): its calls carry the lock's
 	// size, and its queue entries the permits each waiter asks.
 	permits bool
-	// quick returns its uncontended cycle on its keys (see quick), nil
+	// quick returns its uncontended cycle on its keys (see transport.Quick), nil
 	// where it has none.
-	quick func(q *quick, keys []string) *quick
+	quick func(q *transport.Quick, keys []string) *transport.Quick
 	// records: its final release writes a record that outlives the lock (a
 	// DistOnce's outcome). The release is acknowledged by replicas as a
 	// grant is, and a waiter whose queue entry is gone reads the record
@@ -48,20 +52,20 @@ type kind struct {
 // The kinds of lock.
 var (
 	mutexKind = &kind{keysOf: wire.LockKeys, scripts: mutexScripts, flag: "0", fencedFlag: "1",
-		unheld: "remutex: unlock of unlocked mutex", quick: mutexQuick}
+		unheld: "remutex: unlock of unlocked mutex", quick: transport.MutexQuick}
 	writeKind = &kind{keysOf: wire.RWKeys, scripts: writeScripts, flag: "w", fencedFlag: "W",
 		unheld: "remutex: Unlock of unlocked DistRWMutex"}
 	readKind = &kind{keysOf: wire.RWKeys, home: 3, scripts: readScripts, flag: "r", fencedFlag: "R",
-		renewTag: "r", unheld: "remutex: RUnlock of unlocked DistRWMutex", read: true, multi: true, quick: readQuick}
+		renewTag: "r", unheld: "remutex: RUnlock of unlocked DistRWMutex", read: true, multi: true, quick: transport.ReadQuick}
 	semKind = &kind{keysOf: wire.SemKeys, scripts: semScripts, flag: "s", fencedFlag: "S",
 		renewTag: "p", unheld: "remutex: Release of more permits than held by DistSemaphore", multi: true, permits: true,
-		quick: semQuick,
+		quick: transport.SemQuick,
 		oneDeployment: "a quorum Client cannot bound a count by majorities " +
 			"(three servers and two permits let three holders each win a majority): use a Client of one deployment"}
 	// A DistOnce's lock is a mutex on keys of its own whose final release
 	// records the run's outcome (once_release.lua).
 	onceKind = &kind{keysOf: wire.OnceKeys, scripts: onceScripts, flag: "0", fencedFlag: "1",
-		unheld: "remutex: unlock of unlocked mutex", quick: mutexQuick, records: true,
+		unheld: "remutex: unlock of unlocked mutex", quick: transport.MutexQuick, records: true,
 		oneDeployment: "a quorum Client cannot keep \"done\" exact (its servers may lose their data " +
 			"unpersisted, and a majority that read past the server that kept the record would run f again): " +
 			"use a Client of one deployment"}
@@ -69,7 +73,7 @@ var (
 
 // refuseQuorum panics, for New<fn>, if c cannot keep a lock of kind k.
 func (c *Client) refuseQuorum(fn string, k *kind) {
-	if k.oneDeployment != "" && !c.be.exact() {
+	if k.oneDeployment != "" && !c.be.Exact() {
 		panic("remutex: " + fn + ": " + k.oneDeployment)
 	}
 }

@@ -437,12 +437,12 @@ func (m *DistMutex) take(ctx context.Context, gid int64, try bool, permits int) 
 // reply never came (its context ended, or the connection failed after
 // sending it): Redis may have applied it. It is queued behind that call
 // before TryLock returns, so that it cannot overtake it, nor come after the
-// goroutine's next call (see postCtx). The owner token is the attempt's own
+// goroutine's next call (see transport.PostCtx). The owner token is the attempt's own
 // (the goroutine holds nothing here, or it is a NonReentrant mutex's fresh
 // one), so no other hold is touched. A quorum gives back what a failed try
 // got itself.
 func (m *DistMutex) undoTry(ctx context.Context, owner interface{}) {
-	if !m.c.be.freshOwners() {
+	if !m.c.be.FreshOwners() {
 		postRelease(ctx, m.c.be, &m.spec, owner, "0")
 	}
 }
@@ -462,9 +462,9 @@ func (m *DistMutex) nested(ctx context.Context, h *hold, try bool) (bool, error)
 			return false, errEnded
 		}
 		sent := time.Now()
-		r, err := c.be.acquire(ctx, &m.spec, acquireReq{owner: h.owner, have: have, want: have + 1, lease: m.spec.keepArg})
+		r, err := c.be.Acquire(ctx, &m.spec.Spec, acquireReq{Owner: h.owner, Have: have, Want: have + 1, Lease: m.spec.keepArg})
 		switch {
-		case err == nil && r.code == replyGranted:
+		case err == nil && r.Code == replyGranted:
 			c.mu.Lock()
 			ended := h.lostErr != nil
 			if !ended {
@@ -502,7 +502,7 @@ var errNoReply = errors.New("Redis did not answer the call in flight")
 func (m *DistMutex) pause(ctx context.Context, bo *backoff, cause error, op string) error {
 	m.c.report(m.wrapOp(op, cause))
 	m.warnRetry(op, cause)
-	t := time.NewTimer(bo.next())
+	t := time.NewTimer(bo.Next())
 	defer t.Stop()
 	select {
 	case <-t.C:

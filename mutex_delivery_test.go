@@ -56,7 +56,7 @@ func newDeliveryRig(t *testing.T, b *testBackend) *deliveryRig {
 	// Every script is on the server, so that each call is one EVALSHA,
 	// whose SHA1 the faults match.
 	for _, s := range []*luaScript{quickLock, wakeScript, mutexScripts.acquire, mutexScripts.release, mutexScripts.leave} {
-		if err := r.check.ScriptLoad(testCtx(t, hangGuard), s.src.(string)).Err(); err != nil {
+		if err := r.check.ScriptLoad(testCtx(t, hangGuard), s.Src.(string)).Err(); err != nil {
 			t.Fatal(err)
 		}
 	}

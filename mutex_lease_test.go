@@ -236,7 +236,7 @@ func TestSlowAcquireReplyIsRenewedInTime(t *testing.T) {
 		const lease = 2 * time.Second
 		var once sync.Once
 		rdb := b.rdb(t)
-		require.NoError(t, rdb.ScriptLoad(context.Background(), renewScript.src.(string)).Err()) // spare the renewal a NOSCRIPT round
+		require.NoError(t, rdb.ScriptLoad(context.Background(), renewScript.Src.(string)).Err()) // spare the renewal a NOSCRIPT round
 		rdb.AddHook(hookFuncs{process: func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
 			err := next(ctx, cmd)
 			if s, _ := scriptCall(cmd); s == "acquire" && err == nil {

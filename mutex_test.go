@@ -460,7 +460,7 @@ func TestWrongType(t *testing.T) {
 				require.NoError(t, tc.plant(key))
 				m := c.NewMutex(name, tc.opts...)
 				if tc.contended {
-					m.spec.quick.until.Store(math.MaxInt64)
+					m.spec.Quick.Until.Store(math.MaxInt64)
 				}
 
 				check := func(what string, err error) {

@@ -591,5 +591,5 @@ func queuedReply(cmd redis.Cmder) bool {
 		return false
 	}
 	r, err := parseReply(c.Val())
-	return err == nil && r.code == replyQueued
+	return err == nil && r.Code == replyQueued
 }

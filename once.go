@@ -255,7 +255,7 @@ func (o *DistOnce) told(outcome string, fl *onceFlight) error {
 		fl.retry = false
 		return nil
 	}
-	rec, err := parseOnceRecord(o.m.spec.keys[4], strings.TrimPrefix(outcome, "e"))
+	rec, err := parseOnceRecord(o.m.spec.Keys[4], strings.TrimPrefix(outcome, "e"))
 	if err != nil {
 		return o.wrap(err)
 	}
@@ -343,7 +343,7 @@ func (o *DistOnce) finish(ctx context.Context, h *hold, rec *onceRecord, fl *onc
 
 // outcome is once_release.lua's outcome argument for rec.
 func (o *DistOnce) outcome(rec *onceRecord) string {
-	return rec.Outcome(max(OnceErrorKeep, o.m.spec.lease).Milliseconds())
+	return rec.Outcome(max(OnceErrorKeep, o.m.spec.Lease).Milliseconds())
 }
 
 // Done reports whether a run of the once has succeeded (its done record is
@@ -424,12 +424,12 @@ func (o *DistOnce) call(ctx context.Context, op string) (interface{}, error) {
 	}
 	be := o.m.c.be
 	if op != "get" {
-		return be.script(ctx, &o.m.spec, onceScript, op)
+		return be.Script(ctx, &o.m.spec.Spec, onceScript, op)
 	}
-	keys := o.m.spec.keyArgs
-	rec, err := be.get(ctx, keys[3], keys[4])
+	keys := o.m.spec.KeyArgs
+	rec, err := be.Get(ctx, keys[3], keys[4])
 	if isReply(err) {
-		return be.script(ctx, &o.m.spec, onceScript, op)
+		return be.Script(ctx, &o.m.spec.Spec, onceScript, op)
 	}
 	return rec, err
 }
@@ -440,7 +440,7 @@ func (o *DistOnce) parse(v interface{}) (onceState, error) {
 	if !ok || len(a) != 2 {
 		return st, fmt.Errorf("remutex: unexpected reply of once.lua: %v", v)
 	}
-	keys := o.m.spec.keys
+	keys := o.m.spec.Keys
 	if s, ok := a[0].(string); ok {
 		rec, err := parseOnceRecord(keys[3], s)
 		if err != nil {
@@ -520,7 +520,7 @@ func (o *DistOnce) Inspect(ctx context.Context) (OnceInfo, error) {
 	if err != nil {
 		return info, err
 	}
-	info.Lock = LockInfo{Name: info.Name, Key: o.m.spec.keys[0]}
+	info.Lock = LockInfo{Name: info.Name, Key: o.m.spec.Keys[0]}
 	for _, l := range append([]LockInfo{li}, li.Others...) {
 		if l.Kind == "once" {
 			l.Others = nil

@@ -20,6 +20,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/remutex/remutex/internal/redistest"
+	"github.com/remutex/remutex/internal/transport"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -546,13 +547,9 @@ func awaitHeard(t testing.TB, onces []*DistOnce, sends []*acquireSends) {
 		all := true
 		for i, o := range onces {
 			if confirmed[i].IsZero() {
-				s := &o.m.c.be.(*node).subscriber
-				s.mu.Lock()
-				e := s.chans[o.m.spec.channel]
-				if e != nil && e.confirmed {
+				if transport.Confirmed(o.m.c.be, o.m.spec.channel) {
 					confirmed[i] = time.Now()
 				}
-				s.mu.Unlock()
 			}
 			all = all && !confirmed[i].IsZero() && sends[i].sentAfter(confirmed[i])
 		}

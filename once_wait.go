@@ -14,7 +14,7 @@ import "context"
 // the message, through the lock, by calls the replicas acknowledge.
 func (a *attempt) told() string {
 	c := a.m.c
-	if c.be.acked() {
+	if c.be.Acked() {
 		return ""
 	}
 	c.mu.Lock()

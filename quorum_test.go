@@ -362,7 +362,7 @@ func TestQuorumRestartedServers(t *testing.T) {
 				if err := m.UnlockContext(ctx); err != nil {
 					t.Fatalf("UnlockContext after the restart: got %v, want nil", err)
 				}
-				return rdb.Exists(ctx, m.spec.keys[1]).Val() == 1
+				return rdb.Exists(ctx, m.spec.Keys[1]).Val() == 1
 			})
 		}
 		reg.CheckSections(t, 3*2*goroutines*rounds)

@@ -24,7 +24,7 @@ func TestLateUndoOfAPinnedRead(t *testing.T) {
 		other := b.client(t).NewRWMutex(name)
 		check := rdbAt(t, b.addr)
 		for _, s := range []*luaScript{quickLock, quickRLock, wakeScript, rwWake, readScripts.acquire, readScripts.release, writeScripts.acquire, writeScripts.release, writeScripts.leave} {
-			if err := check.ScriptLoad(testCtx(t, hangGuard), s.src.(string)).Err(); err != nil {
+			if err := check.ScriptLoad(testCtx(t, hangGuard), s.Src.(string)).Err(); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -47,7 +47,7 @@ func TestLateUndoOfAPinnedRead(t *testing.T) {
 			t.Fatal("late copy arrived too early")
 		}
 		faultAwait(t, late.Done(1), hangGuard, "late copy applied")
-		rkey := rw.r.spec.keyArgs[3].(string)
+		rkey := rw.r.spec.KeyArgs[3].(string)
 		n, _ := check.ZCard(context.Background(), rkey).Result()
 		t.Logf("readers in Redis after the late copy: %d", n)
 		g.do(t, hangGuard, "Unlock write (downgrade)", func() { rw.Unlock() })

@@ -29,13 +29,13 @@ func TestRWWaitReplyAtLeaseEnd(t *testing.T) {
 	ctx := testCtx(t, hangGuard)
 	for i, side := range []*DistMutex{&rw.w, &rw.r} {
 		owner := c.id + ":1"
-		entry := side.spec.claimMs + ":" + side.spec.flag + ":" + strconv.Itoa(10+i) + ".1:" + owner
-		r, err := c.be.acquire(ctx, &side.spec, acquireReq{owner: owner, want: 1, lease: side.spec.leaseArg, entry: entry})
+		entry := side.spec.ClaimMs + ":" + side.spec.Flag + ":" + strconv.Itoa(10+i) + ".1:" + owner
+		r, err := c.be.Acquire(ctx, &side.spec.Spec, acquireReq{Owner: owner, Want: 1, Lease: side.spec.leaseArg, Entry: entry})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if r.code != replyQueued || r.val > 1 {
-			t.Errorf("%s waiter behind a writer with PTTL 0: got reply %d, wait %dms; want queued (%d), wait at most 1ms", []string{"write", "read"}[i], r.code, r.val, replyQueued)
+		if r.Code != replyQueued || r.Val > 1 {
+			t.Errorf("%s waiter behind a writer with PTTL 0: got reply %d, wait %dms; want queued (%d), wait at most 1ms", []string{"write", "read"}[i], r.Code, r.Val, replyQueued)
 		}
 	}
 	_ = holder.UnlockContext(ctx)

@@ -96,8 +96,8 @@ func (c *Client) NewSemaphore(name string, size int64, opts ...MutexOption) *Dis
 	cfg.nonReentrant = true
 	s := &DistSemaphore{size: size, sending: map[*hold]bool{}}
 	s.m.init(c, name, cfg, semKind)
-	s.m.spec.size = strconv.FormatInt(size, 10)
-	s.m.spec.sized = new(atomic.Bool)
+	s.m.spec.Size = strconv.FormatInt(size, 10)
+	s.m.spec.Sized = new(atomic.Bool)
 	s.freed = sync.NewCond(&s.mu)
 	return s
 }
@@ -183,7 +183,7 @@ func (s *DistSemaphore) acquire(ctx context.Context, n int64, try bool) (*hold, 
 		return nil, m.wrapOp(op, err)
 	}
 	if h != nil {
-		m.spec.sized.Store(true) // (Redis agreed to it)
+		m.spec.Sized.Store(true) // (Redis agreed to it)
 	}
 	return h, nil
 }

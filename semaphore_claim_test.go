@@ -32,7 +32,7 @@ func TestSemaphoreClaimTakenForTheLease(t *testing.T) {
 		xd, od := make(chan error, 1), make(chan error, 1)
 		go func() { xd <- x.Acquire(context.Background(), 1) }()
 		// x first in the queue
-		for n := int64(0); n == 0; n, _ = check.LLen(ctx, o.m.spec.keys[2]).Result() {
+		for n := int64(0); n == 0; n, _ = check.LLen(ctx, o.m.spec.Keys[2]).Result() {
 			time.Sleep(time.Millisecond)
 		}
 		go func() { od <- o.Acquire(context.Background(), 1) }()
@@ -43,7 +43,7 @@ func TestSemaphoreClaimTakenForTheLease(t *testing.T) {
 			t.Fatal(err)
 		}
 		time.Sleep(time.Second) // past a claim, before o's first renewal (lease/3)
-		all, _ := check.HGetAll(ctx, o.m.spec.keys[0]).Result()
+		all, _ := check.HGetAll(ctx, o.m.spec.Keys[0]).Result()
 		if o.Held() == 1 && !isClosed(o.Lost()) && y.TryAcquire(1) {
 			t.Errorf("run %d: y took a permit while x and o hold one each of 2 (holders in Redis %v): over-admission", i, all)
 			return

@@ -27,11 +27,11 @@ func TestLateFirstCallOfASemaphoreWait(t *testing.T) {
 		check := rdbAt(t, b.addr)
 		ctx := testCtx(t, hangGuard)
 		for _, s := range []*luaScript{quickSem, semScripts.acquire, semScripts.release, semScripts.leave} {
-			if err := check.ScriptLoad(ctx, s.src.(string)).Err(); err != nil {
+			if err := check.ScriptLoad(ctx, s.Src.(string)).Err(); err != nil {
 				t.Fatal(err)
 			}
 		}
-		hkey, qkey := o.m.spec.keys[0], o.m.spec.keys[2]
+		hkey, qkey := o.m.spec.Keys[0], o.m.spec.Keys[2]
 		if !x.TryAcquire(2) {
 			t.Fatal("x")
 		}

@@ -23,14 +23,14 @@ func TestSemaphoreResendAnswersOwnFence(t *testing.T) {
 		sems := semsOn(t, b, name, 3, 2, WithFencing())
 		require.NoError(t, sems[0].Acquire(ctx, 1)) // the next calls take the slow path
 		s := c.NewSemaphore(name, 3, WithFencing())
-		n := c.be.(*node)
+		n := c.be
 		owner := interface{}(c.id + ":n999")
 		call := func() int64 {
 			t.Helper()
-			r, err := n.acquire(ctx, &s.m.spec, acquireReq{owner: owner, want: 1, lease: s.m.spec.leaseArg, fence: s.m.spec.fence})
+			r, err := n.Acquire(ctx, &s.m.spec.Spec, acquireReq{Owner: owner, Want: 1, Lease: s.m.spec.leaseArg, Fence: s.m.spec.fence})
 			require.NoError(t, err)
-			require.Equal(t, int64(replyGranted), r.code, "the acquisition's reply")
-			return r.val
+			require.Equal(t, int64(replyGranted), r.Code, "the acquisition's reply")
+			return r.Val
 		}
 		first := call()
 		require.NoError(t, sems[1].Acquire(ctx, 1))

@@ -4,61 +4,46 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"sync/atomic"
 	"time"
 
+	"github.com/remutex/remutex/internal/transport"
 	"github.com/remutex/remutex/internal/wire"
 )
 
-// lockSpec is what the scripts need of one lock (a DistMutex, or one side
-// of a DistRWMutex), boxed once: its kind, and what its name and options
-// make of it.
+// lockSpec is what the engine needs of one lock (a DistMutex, or one side
+// of a DistRWMutex), boxed once: its kind, what the transport needs of it
+// (transport.Spec: keys, scripts, boxed arguments, the quick cycle), and
+// what its name and options make of it for the engine.
 type lockSpec struct {
 	*kind
+	transport.Spec
 	name     string
-	sc       *scriptSet    // the kind's scripts
-	keys     []string      // hash, fence, queue (DistRWMutex: and readers)
-	keyArgs  []interface{} // keys, boxed
-	home     string        // the key its holds live in: what the Client's state and channel are named by
 	channel  string        // where this Client hears of the lock: <home>:released:<client id>
-	lease    time.Duration
 	claim    time.Duration // lease of a queue grant until the watchdog extends it
 	ttl      time.Duration // a waiter calls again every third of it (see maxQueueTTL)
 	leaseArg interface{}
 	keepArg  interface{}   // nested calls: the lease, or "0" (keep the TTL) WithoutRenewal
 	minHold  time.Duration // WithMinHold
 	renewArg interface{}   // the watchdog's lease argument (renew.lua)
-	claimMs  string
-	flag     string // the kind of its queue entries (see the scripts)
 	fence    fenceMode
-	size     interface{} // a DistSemaphore's size (its scripts' argument); nil for a lock
-	// sized is set once a DistSemaphore's size was found to agree with
-	// Redis's (see quick_sem.lua); nil for a lock.
-	sized *atomic.Bool
-	quick *quick // the uncontended cycle; nil for a DistRWMutex's write side
 }
 
-func (s *lockSpec) hash() string { return s.home }
-
-// keyCounts are the boxed key counts of script calls, which is what
-// ClusterClient looks at to route them.
-var keyCounts = func() (a [maxBatch + 1]interface{}) {
-	for i := range a {
-		a[i] = strconv.Itoa(i)
-	}
-	return a
-}()
+// hash is the key its holds live in: what the Client's state and channel
+// are named by.
+func (s *lockSpec) hash() string { return s.Home }
 
 // newSpec computes the keys and boxed script arguments of a lock of kind k.
 func (c *Client) newSpec(name string, cfg mutexConfig, k *kind) lockSpec {
-	s := lockSpec{kind: k, name: name, sc: k.scripts, keys: k.keysOf(c.prefix, name), lease: cfg.lease, flag: k.flag}
-	s.home = s.keys[k.home]
-	s.quick = c.newQuick(k, s.keys)
-	s.keyArgs = make([]interface{}, len(s.keys))
-	for i, key := range s.keys {
-		s.keyArgs[i] = key
+	keys := k.keysOf(c.prefix, name)
+	s := lockSpec{kind: k, name: name, Spec: transport.Spec{Name: name, Scripts: k.scripts.set(), Keys: keys,
+		Lease: cfg.lease, Flag: k.flag, Permits: k.permits, Records: k.records}}
+	s.Home = keys[k.home]
+	s.Quick = c.newQuick(k, keys)
+	s.KeyArgs = make([]interface{}, len(keys))
+	for i, key := range keys {
+		s.KeyArgs[i] = key
 	}
-	s.channel = s.home + wire.ReleasedInfix + c.id
+	s.channel = s.Home + wire.ReleasedInfix + c.id
 	s.ttl = min(cfg.lease, maxQueueTTL)
 	s.claim = s.ttl
 	if cfg.noRenew {
@@ -70,12 +55,30 @@ func (c *Client) newSpec(name string, cfg mutexConfig, k *kind) lockSpec {
 		s.keepArg = "0"
 	}
 	s.minHold = cfg.minHold
-	s.claimMs = strconv.FormatInt(s.claim.Milliseconds(), 10)
+	s.ClaimMs = strconv.FormatInt(s.claim.Milliseconds(), 10)
 	if cfg.fencing {
 		s.fence = fenceOn
-		s.flag = k.fencedFlag
+		s.Flag = k.fencedFlag
 	}
 	return s
+}
+
+// newQuick returns the uncontended cycle of a lock of kind k on keys (see
+// transport.NewQuick), or nil where there is none. Its contention is marked
+// in one of c's 256 slots.
+func (c *Client) newQuick(k *kind, keys []string) *transport.Quick {
+	if k.quick == nil {
+		return nil
+	}
+	hash := keys[0]
+	// FNV-1a of the hash (both sides of a read/write lock share it), its top
+	// byte the slot: its low byte depends on the low bits alone, and names
+	// that differ in a suffix would share slots far more often than 1 in 256.
+	h := uint32(2166136261)
+	for i := 0; i < len(hash); i++ {
+		h = (h ^ uint32(hash[i])) * 16777619
+	}
+	return transport.NewQuick(k.quick, keys, &c.contended[h>>24])
 }
 
 // configure checks what NewMutex or NewRWMutex (fn) was given, panicking

@@ -3,9 +3,10 @@ package remutex
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"slices"
 	"time"
+
+	"github.com/remutex/remutex/internal/transport"
 )
 
 // Per-goroutine hold bookkeeping. The local hold count is the truth: scripts
@@ -50,11 +51,11 @@ type leftover struct {
 // that acquisition releases it first (see clearLeftovers). A quorum's tries
 // give back what they got themselves, so nothing is left over for them.
 func (m *DistMutex) leftOverLocked(h *hold) {
-	if m.c.be.freshOwners() {
+	if m.c.be.FreshOwners() {
 		return
 	}
 	st := m.c.stateLocked(m)
-	st.leftovers = append(st.leftovers, leftover{owner: h.owner, gid: h.gid, until: time.Now().Add(m.spec.lease), kept: h.acquired.Add(m.spec.minHold)})
+	st.leftovers = append(st.leftovers, leftover{owner: h.owner, gid: h.gid, until: time.Now().Add(m.spec.Lease), kept: h.acquired.Add(m.spec.minHold)})
 }
 
 func (m *DistMutex) leftOver(h *hold) {
@@ -186,7 +187,7 @@ func (h *hold) lostChanLocked() chan struct{} {
 // that set the full lease at sent. (The next renewal stays where it is: a
 // nested call's reply races with the watchdog's renewals.)
 func (h *hold) extendLocked(sent time.Time) {
-	if valid := sent.Add(validity(h.m.spec.lease)); h.lostErr == nil && valid.After(h.valid) {
+	if valid := sent.Add(validity(h.m.spec.Lease)); h.lostErr == nil && valid.After(h.valid) {
 		h.valid = valid
 	}
 }
@@ -430,30 +431,9 @@ func (c *Client) endLocked(h *hold) {
 	}
 }
 
-// jitter returns a random duration in [0, d).
-func jitter(d time.Duration) time.Duration {
-	if d <= 0 {
-		return 0
-	}
-	return rand.N(d)
-}
-
-// backoff is capped exponential backoff with jitter: by default from 10ms to
-// 1s, for transient errors.
-type backoff struct{ d, first, limit time.Duration }
-
-func (b *backoff) next() time.Duration {
-	if b.first == 0 {
-		b.first, b.limit = 10*time.Millisecond, time.Second
-	}
-	switch {
-	case b.d == 0:
-		b.d = b.first
-	case b.d < b.limit:
-		b.d = min(2*b.d, b.limit)
-	}
-	return b.d/2 + jitter(b.d/2)
-}
+// backoff is capped exponential backoff with jitter (see
+// transport.Backoff).
+type backoff = transport.Backoff
 
 // ownerString is an owner token as text.
 func ownerString(owner interface{}) string {

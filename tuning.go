@@ -14,13 +14,7 @@ const (
 	// lease, if shorter). A grant carries a claim lease of the same length
 	// until the watchdog extends it.
 	maxQueueTTL = 750 * time.Millisecond
-	// linger is how long a lock's subscription is kept after its last local
-	// waiter left, to spare subscribe/unsubscribe churn under contention.
-	linger = 250 * time.Millisecond
 )
-
-// contendedFor is how long a lock seen contended is sent the full scripts.
-const contendedFor = time.Second
 
 // warnEvery is the least time between two log lines of a lock's retried
 // errors: a Redis that is down (or a wrong address) would otherwise log a

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"strconv"
 	"time"
+
+	"github.com/remutex/remutex/internal/transport"
 )
 
 // The release side of DistMutex: Unlock and UnlockContext lower a hold's
@@ -19,6 +21,13 @@ const UnlockTimeout = time.Second
 // transient errors (Redis unreachable): then it gives up, reports the error,
 // and the lock expires on the server within its lease.
 const unlockTimeout = UnlockTimeout
+
+// The transport bounds the calls of unlockCtx by UnlockTimeout too: a
+// difference fails the build.
+const _ = uint(UnlockTimeout-transport.UnlockTimeout) + uint(transport.UnlockTimeout-UnlockTimeout)
+
+// unlockCtx is the context of the calls of Unlock (see transport.UnlockCtx).
+var unlockCtx = transport.UnlockCtx
 
 // unlock is the single implementation of Unlock and UnlockContext.
 func (m *DistMutex) unlock(ctx context.Context, plain bool) error {
@@ -111,7 +120,7 @@ func (m *DistMutex) unheldLocked() string {
 func (m *DistMutex) release(ctx context.Context, h *hold, want int, valid time.Time) released {
 	sent := time.Now()
 	lease := m.releaseArg(h, want)
-	res, err := m.c.be.release(ctx, &m.spec, h.owner, want, lease)
+	res, err := m.c.be.Release(ctx, &m.spec.Spec, h.owner, want, lease)
 	if err == nil || !transient(err) && !errors.Is(err, context.DeadlineExceeded) {
 		return released{res: res, sent: sent, err: err}
 	}
@@ -123,7 +132,7 @@ func (m *DistMutex) release(ctx context.Context, h *hold, want int, valid time.T
 	retryUntil := earliest(valid, sent.Add(unlockTimeout))
 	var bo backoff
 	for {
-		wait := bo.next()
+		wait := bo.Next()
 		if !time.Now().Add(wait).Before(retryUntil) {
 			return released{sent: sent, err: err}
 		}
@@ -135,7 +144,7 @@ func (m *DistMutex) release(ctx context.Context, h *hold, want int, valid time.T
 			t.Stop()
 		}
 		sent = time.Now()
-		res, err = m.c.be.release(bctx, &m.spec, h.owner, want, lease)
+		res, err = m.c.be.Release(bctx, &m.spec.Spec, h.owner, want, lease)
 		switch {
 		case err == nil || !transient(err) && bctx.Err() == nil:
 			return released{res: res, sent: sent, resent: true, err: err}
@@ -222,9 +231,9 @@ func (m *DistMutex) settle(h *hold, want int, out released, plain bool) error {
 		}
 	}
 	c.mu.Unlock()
-	if want == 0 && err != nil && !m.c.be.freshOwners() {
+	if want == 0 && err != nil && !m.c.be.FreshOwners() {
 		// The release may not have reached Redis (cut off, or failed): a
-		// release that follows it (see postCtx) frees the lock once Redis
+		// release that follows it (see transport.PostCtx) frees the lock once Redis
 		// answers again, before it ends by its lease.
 		postRelease(context.Background(), c.be, &m.spec, h.owner, m.releaseArg(h, 0))
 	}

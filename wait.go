@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/remutex/remutex/internal/transport"
 	"github.com/remutex/remutex/internal/wire"
 )
 
@@ -30,7 +31,7 @@ type attempt struct {
 	waitID     uint64 // names this wait's queue entry, with the owner
 	known      bool   // the entry is known queued (see acquire.lua)
 	prev       string // known: the entry as the latest answered call left it
-	at         int64  // the send time the entry of its next call names (see entryString)
+	at         int64  // the send time the entry of its next call names (see transport.EntryString)
 	again      bool   // the latest call got no answer: the next one names the same entry
 
 	watching    bool    // holds a reference to the lock's subscription
@@ -44,7 +45,7 @@ type attempt struct {
 	split       bool            // quorum: contenders split the servers; hold off a while
 	granted     bool            // the latest wake-up was the queue's grant (Event.Granted)
 	lastErr     error           // the transient error being retried, or nil
-	refusal     <-chan struct{} // closed at a refused dial since it began (see dialWatch)
+	refusal     <-chan struct{} // closed at a refused dial since it began (see transport.Backend.Refusal)
 	bo, poll    backoff
 	splitBo     backoff
 }
@@ -52,10 +53,10 @@ type attempt struct {
 // initAttemptLocked prepares an attempt of goroutine gid.
 func (m *DistMutex) initAttemptLocked(a *attempt, gid int64, try bool) {
 	c := m.c
-	*a = attempt{m: m, gid: gid, try: try, start: time.Now(), refusal: c.be.refusal()}
+	*a = attempt{m: m, gid: gid, try: try, start: time.Now(), refusal: c.be.Refusal()}
 	switch {
 	case m.pinnedOwnerLocked(a, gid):
-	case c.be.freshOwners():
+	case c.be.FreshOwners():
 		// Set per call in acquire.
 		a.entryOwner = c.id + ":" + strconv.FormatInt(gid, 10)
 	default:
@@ -88,14 +89,14 @@ func (a *attempt) run(ctx context.Context) (bool, error) {
 		// A subscription that exists already (the lock was waited for a
 		// moment ago) is kept while the call is out, and if it was confirmed
 		// then, no message for this attempt can be missed.
-		a.watching = m.c.be.watch(m.spec.channel, false)
+		a.watching = m.c.be.Watch(m.spec.channel, false)
 		defer a.unwatch()
 	}
 	for {
 		r, err := a.call(ctx)
 		switch {
-		case err == nil && r.code == replyGranted:
-			held, err := a.complete(ctx, r.val, a.sent, m.spec.lease)
+		case err == nil && r.Code == replyGranted:
+			held, err := a.complete(ctx, r.Val, a.sent, m.spec.Lease)
 			if held || err != nil || a.try {
 				return held, err
 			}
@@ -129,7 +130,7 @@ func (a *attempt) run(ctx context.Context) (bool, error) {
 // retries).
 func (a *attempt) noReply() error {
 	if isClosed(a.refusal) {
-		if err := a.m.c.be.refused(); err != nil {
+		if err := a.m.c.be.Refused(); err != nil {
 			return fmt.Errorf("%w: the connection was refused: %w", errNoReply, err)
 		}
 	}
@@ -138,7 +139,7 @@ func (a *attempt) noReply() error {
 
 func (a *attempt) unwatch() {
 	if a.watching {
-		a.m.c.be.unwatch(a.m.spec.channel)
+		a.m.c.be.Unwatch(a.m.spec.channel)
 	}
 }
 
@@ -147,24 +148,24 @@ func (a *attempt) unwatch() {
 func (a *attempt) call(ctx context.Context) (reply, error) {
 	m := a.m
 	c := m.c
-	if c.be.freshOwners() {
+	if c.be.FreshOwners() {
 		// A quorum gives back, in the background, what a failed try got
 		// late: a token per try keeps that from touching a later try.
 		c.mu.Lock()
 		a.owner = a.freshOwnerLocked()
 		c.mu.Unlock()
 	}
-	a.heardAtSend = a.watching && isClosed(c.be.ready(m.spec.channel))
+	a.heardAtSend = a.watching && isClosed(c.be.Ready(m.spec.channel))
 	first := a.sent.IsZero()
 	a.sent = time.Now()
-	if !a.again && c.be.grants() {
+	if !a.again && c.be.Grants() {
 		// A new send time for the entry only once the previous call was
 		// answered: the entry of a call that got no answer may be queued as
 		// it named it, and the next call must find it (see enqueue.lua).
 		a.at = int64(a.sent.Sub(c.epoch) / time.Millisecond)
 	}
-	r, err := c.be.acquire(ctx, &m.spec, acquireReq{
-		owner: a.owner, want: a.permits, lease: m.spec.leaseArg, fence: m.spec.fence, place: a.place(), quick: first, try: a.try,
+	r, err := c.be.Acquire(ctx, &m.spec.Spec, acquireReq{
+		Owner: a.owner, Want: a.permits, Lease: m.spec.leaseArg, Fence: m.spec.fence, Place: a.place(), Quick: first, Try: a.try,
 	})
 	a.again = err != nil
 	return r, err
@@ -175,7 +176,7 @@ func (a *attempt) place() queuePlace {
 	if a.try {
 		return queuePlace{} // (TryLock never queues)
 	}
-	return queuePlace{wait: a.waitID, at: a.at, arrival: a.start.UnixMilli(), owner: a.entryOwnerString(), known: a.known, prev: a.prev, permits: a.permits}
+	return queuePlace{Wait: a.waitID, At: a.at, Arrival: a.start.UnixMilli(), Owner: a.entryOwnerString(), Known: a.known, Prev: a.prev, Permits: a.permits}
 }
 
 // newWaitIDLocked gives the attempt a wait id of its own, and so a queue
@@ -199,10 +200,10 @@ func (a *attempt) renewEntry() {
 }
 
 // entry is the attempt's queue entry as its next call (or the latest, if it
-// got no answer) names it (see entryString), its arrival when the Lock
+// got no answer) names it (see transport.EntryString), its arrival when the Lock
 // began.
 func (a *attempt) entry() string {
-	return entryString(&a.m.spec, a.waitID, a.at, a.start.UnixMilli(), a.permits, a.entryOwnerString())
+	return transport.EntryString(&a.m.spec.Spec, a.waitID, a.at, a.start.UnixMilli(), a.permits, a.entryOwnerString())
 }
 
 // entries are the attempt's entries that may be queued, for leave.lua: the
@@ -221,10 +222,10 @@ func (a *attempt) key() string { return wire.WaitKey(a.waitID, a.entryOwnerStrin
 
 // giveBack posts the release of a grant the attempt will not take, and,
 // for a wait, the leave of its entries (what the grant did not take from the
-// queue, the leave does): see postCtx.
+// queue, the leave does): see transport.PostCtx.
 func (a *attempt) giveBack(ctx context.Context) {
 	m := a.m
-	if a.try || a.waitID == 0 || m.c.be.freshOwners() {
+	if a.try || a.waitID == 0 || m.c.be.FreshOwners() {
 		postRelease(ctx, m.c.be, &m.spec, a.owner, "0")
 		return
 	}
@@ -232,11 +233,11 @@ func (a *attempt) giveBack(ctx context.Context) {
 }
 
 // postLeave posts the leave of the attempt's entries, with a grant they
-// may have got meanwhile, behind its latest call (see postCtx): it is not
+// may have got meanwhile, behind its latest call (see transport.PostCtx): it is not
 // waited for. It has until the lease (at least a second) to reach Redis.
 func (a *attempt) postLeave(ctx context.Context) {
 	m := a.m
-	_ = m.c.be.leave(postCtx(ctx, max(m.spec.lease, time.Second)), &m.spec, a.owner, a.entries())
+	_ = m.c.be.Leave(transport.PostCtx(ctx, max(m.spec.Lease, time.Second)), &m.spec.Spec, a.owner, a.entries())
 }
 
 // freshOwnerLocked returns a new owner token for the attempt: see
@@ -254,7 +255,7 @@ func (a *attempt) freshOwnerLocked() string {
 // the same token could be undone by that give-back, however late it
 // arrives. (A quorum's tries have their own tokens.)
 func (a *attempt) renewOwner() {
-	if a.m.c.be.freshOwners() {
+	if a.m.c.be.FreshOwners() {
 		return
 	}
 	c := a.m.c
@@ -305,7 +306,7 @@ func (a *attempt) complete(ctx context.Context, fence int64, sent time.Time, d t
 	c.mu.Lock()
 	if c.draining || !now.Before(h.valid) {
 		// Closed meanwhile, or granted too late to be valid: given back by a
-		// call that follows this one (see postCtx). The give-back may reach
+		// call that follows this one (see transport.PostCtx). The give-back may reach
 		// Redis late, after any later call: the attempt goes on under an
 		// owner token of its own, which it cannot touch.
 		closed := c.draining
@@ -365,14 +366,14 @@ func (a *attempt) wait(ctx context.Context, r reply, err error) (_ bool, failed 
 			return a.giveUp(ctx, ctx.Err())
 		case err != nil && !transient(err):
 			return a.giveUp(ctx, err)
-		case err == nil && r.code == replyGranted:
-			held, err := a.complete(ctx, r.val, a.sent, a.m.spec.lease)
+		case err == nil && r.Code == replyGranted:
+			held, err := a.complete(ctx, r.Val, a.sent, a.m.spec.Lease)
 			if held || err != nil {
 				return held, err
 			}
 			// Granted too late to be valid, and released again: look again.
-		case err == nil && r.code == replyGone:
-			if out := a.told(); out != "" || (a.m.spec.records && !a.m.c.be.acked()) {
+		case err == nil && r.Code == replyGone:
+			if out := a.told(); out != "" || (a.m.spec.records && !a.m.c.be.Acked()) {
 				// (A once's entry is gone, most likely, because its run
 				// ended and told the outcome, and the message was missed:
 				// Do reads the records rather than queue again.)
@@ -404,8 +405,8 @@ func (a *attempt) wait(ctx context.Context, r reply, err error) (_ bool, failed 
 func (a *attempt) enter() {
 	c := a.m.c
 	a.w = &waiter{ev: make(chan struct{}, 1), key: a.key()}
-	a.poll = backoff{first: 2 * time.Millisecond, limit: 100 * time.Millisecond}
-	a.splitBo = backoff{first: time.Millisecond, limit: 50 * time.Millisecond}
+	a.poll = backoff{First: 2 * time.Millisecond, Limit: 100 * time.Millisecond}
+	a.splitBo = backoff{First: time.Millisecond, Limit: 50 * time.Millisecond}
 	a.timer = time.NewTimer(time.Hour)
 	c.mu.Lock()
 	st := c.stateLocked(a.m)
@@ -413,7 +414,7 @@ func (a *attempt) enter() {
 	st.claimEarlyLocked(a.w)
 	c.mu.Unlock()
 	if !a.watching {
-		a.watching = c.be.watch(a.m.spec.channel, true)
+		a.watching = c.be.Watch(a.m.spec.channel, true)
 	}
 }
 
@@ -438,11 +439,11 @@ func (a *attempt) note(r reply, err error) {
 		return
 	}
 	a.lastErr, a.bo = nil, backoff{}
-	a.pttl = time.Duration(r.val) * time.Millisecond
-	a.split = r.split
-	if r.code == replyQueued {
+	a.pttl = time.Duration(r.Val) * time.Millisecond
+	a.split = r.Split
+	if r.Code == replyQueued {
 		a.refreshed, a.heard = a.sent, a.heardAtSend
-		if !a.m.c.be.freshOwners() {
+		if !a.m.c.be.FreshOwners() {
 			a.prev = a.entry()
 			// From now on the entry is known queued: a call that finds it
 			// gone must not add it again (see renewEntry). (A quorum's
@@ -452,12 +453,12 @@ func (a *attempt) note(r reply, err error) {
 		}
 	}
 	if !a.split {
-		a.splitBo = backoff{first: time.Millisecond, limit: 50 * time.Millisecond}
+		a.splitBo = backoff{First: time.Millisecond, Limit: 50 * time.Millisecond}
 	}
 }
 
 // grant is a queue grant a waiter took from a message: the fencing token,
-// and the send time the granted entry named (see entryString).
+// and the send time the granted entry named (see transport.EntryString).
 type grant struct {
 	fence, at int64
 }
@@ -473,8 +474,8 @@ func (a *attempt) sleep(ctx context.Context) (granted bool, g grant, err error) 
 		return false, g, ErrClosed
 	default:
 	}
-	ready := c.be.ready(a.m.spec.channel)
-	if a.heard || c.be.polling() || a.lastErr != nil {
+	ready := c.be.Ready(a.m.spec.channel)
+	if a.heard || c.be.Polling() || a.lastErr != nil {
 		ready = nil // nothing to look again for when it is confirmed
 	} else if isClosed(ready) {
 		return false, g, nil // confirmed since the call: a message may have been missed
@@ -510,14 +511,14 @@ func (a *attempt) sleep(ctx context.Context) (granted bool, g grant, err error) 
 // end, and at a polling pace while messages could be missed.
 func (a *attempt) nextLook(subscribed bool) time.Duration {
 	if a.lastErr != nil {
-		return a.bo.next()
+		return a.bo.Next()
 	}
 	d := max(a.pttl, time.Millisecond)
 	if !a.refreshed.IsZero() {
 		d = min(d, time.Until(a.refreshed.Add(a.m.spec.ttl/3)))
 	}
-	if !subscribed || a.m.c.be.polling() {
-		d = min(d, a.poll.next())
+	if !subscribed || a.m.c.be.Polling() {
+		d = min(d, a.poll.Next())
 	}
 	return max(d, 0)
 }
@@ -526,7 +527,7 @@ func (a *attempt) nextLook(subscribed bool) time.Duration {
 // servers between them: woken together by each other's give-backs, they
 // could otherwise keep splitting them (Redlock's retry delay).
 func (a *attempt) holdOff(ctx context.Context) error {
-	a.timer.Reset(a.splitBo.next())
+	a.timer.Reset(a.splitBo.Next())
 	select {
 	case <-a.timer.C:
 		return nil
@@ -554,7 +555,7 @@ func (a *attempt) holdOff(ctx context.Context) error {
 // grant must be confirmed by replicas (WithReplicaAck), the next call
 // confirms it in the same way.
 func (a *attempt) claim(ctx context.Context, g grant) (bool, error) {
-	if a.m.c.be.acked() {
+	if a.m.c.be.Acked() {
 		return false, nil
 	}
 	sent := a.m.c.epoch.Add(time.Duration(g.at) * time.Millisecond)
@@ -567,7 +568,7 @@ func (a *attempt) claim(ctx context.Context, g grant) (bool, error) {
 // giveUp ends a wait that will not hold the lock, leaving nothing behind:
 // the queue entry is removed in Redis, together with a grant it may have
 // received meanwhile, by a leave call posted behind the attempt's last call
-// (see postCtx): it is not waited for. Should it not reach Redis, the entry
+// (see transport.PostCtx): it is not waited for. Should it not reach Redis, the entry
 // is dropped when its turn comes once the Client no longer listens (or with
 // the queue, when nobody refreshes it), and a grant ends by its claim lease.
 func (a *attempt) giveUp(ctx context.Context, cause error) (bool, error) {
@@ -578,11 +579,5 @@ func (a *attempt) giveUp(ctx context.Context, cause error) (bool, error) {
 	return false, cause
 }
 
-func isClosed(ch <-chan struct{}) bool {
-	select {
-	case <-ch:
-		return true
-	default:
-		return false
-	}
-}
+// isClosed reports whether ch is closed.
+func isClosed(ch <-chan struct{}) bool { return transport.IsClosed(ch) }

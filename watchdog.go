@@ -55,7 +55,7 @@ func (w *watchdog) addLocked(h *hold) {
 // renewWindow is how early a hold may be renewed: when one hold is due, every
 // hold past half its renewal interval goes along, so that holds taken at
 // different moments come to share one round trip per interval.
-func renewWindow(h *hold) time.Duration { return h.m.spec.lease / 6 }
+func renewWindow(h *hold) time.Duration { return h.m.spec.Lease / 6 }
 
 func (w *watchdog) removeLocked(h *hold) {
 	delete(w.holds, h)
@@ -192,12 +192,12 @@ func (w *watchdog) renew(ctx context.Context, holds []*hold, out chan<- *renewal
 	deadline := holds[0].valid
 	for i, h := range holds {
 		deadline = earliest(deadline, h.valid)
-		items[i] = renewItem{key: h.m.spec.hash(), owner: h.owner, lease: h.m.spec.renewArg}
+		items[i] = renewItem{Key: h.m.spec.hash(), Owner: h.owner, Lease: h.m.spec.renewArg}
 	}
 	c.mu.Unlock()
 	ctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
-	r.res = c.be.renew(ctx, items)
+	r.res = c.be.Renew(ctx, items)
 	out <- r
 }
 
@@ -217,14 +217,14 @@ func (w *watchdog) apply(r *renewal) (news []notice) {
 			news = append(news, c.loseLocked(h, errDenied)...)
 		case r.res[i] == 1 && now.Before(h.valid):
 			h.extendLocked(r.sent)
-			h.next = r.sent.Add(h.m.spec.lease / 3)
+			h.next = r.sent.Add(h.m.spec.Lease / 3)
 			if c.hook != nil {
 				news = append(news, notice{ev: h.event(EventRenewed, now.Sub(r.sent), nil)})
 			}
 		default:
 			// Failed or too late: try again soon; scan loses the hold when
 			// its deadline passes first.
-			h.next = now.Add(max(h.m.spec.lease/12, 5*time.Millisecond))
+			h.next = now.Add(max(h.m.spec.Lease/12, 5*time.Millisecond))
 			if c.hook != nil {
 				news = append(news, notice{ev: h.event(EventRenewFailed, now.Sub(r.sent), errRenewFailed)})
 			}

@@ -1,4 +1,4 @@
-package remutex
+package transport
 
 import (
 	"context"
@@ -33,14 +33,14 @@ func watchDials(rdb redis.UniversalClient) *dialWatch {
 }
 
 // refusal returns a channel that is closed when a dial is next refused.
-func (w *dialWatch) refusal() <-chan struct{} {
+func (w *dialWatch) Refusal() <-chan struct{} {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.next
 }
 
 // refused returns the error of the latest refusal.
-func (w *dialWatch) refused() error {
+func (w *dialWatch) Refused() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.last

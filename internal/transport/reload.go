@@ -1,4 +1,4 @@
-package remutex
+package transport
 
 import (
 	"context"

@@ -1,10 +1,11 @@
-package remutex
+package transport
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -12,6 +13,31 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/remutex/remutex/internal/wire"
 )
+
+// keyCounts are the boxed key counts of script calls, which is what
+// ClusterClient looks at to route them.
+var keyCounts = func() (a [maxBatch + 1]interface{}) {
+	for i := range a {
+		a[i] = strconv.Itoa(i)
+	}
+	return a
+}()
+
+// Config is what a backend is built from: the Client's settings and the
+// engine's hooks, never the Client itself.
+type Config struct {
+	Log *slog.Logger
+	// Replicas and AckTimeout are WithReplicaAck: writes wait for this many
+	// replicas, this long (0 replicas: none).
+	Replicas   int
+	AckTimeout time.Duration
+	// Listener hears the messages of the backend's subscriptions.
+	Listener Listener
+	// ScriptError turns the error of a call into the error the engine
+	// reports (the root's typed errors of a script's refusal); nil leaves
+	// it as it came.
+	ScriptError func(error) error
+}
 
 // replicaAck is WithReplicaAck: writes wait for this many replicas.
 type replicaAck struct {
@@ -26,27 +52,34 @@ type node struct {
 	log       *slog.Logger
 	cluster   bool // rdb is a *redis.ClusterClient
 	ack       replicaAck
-	handoff   bool        // the queue hands the lock to waiters (a quorum's servers only wake them)
-	pubs      [3]string   // the slow paths' publish commands, classic, sharded and relayed (queue.lua): in capitals without handoff
-	shardOnce sync.Once   // decides shardPub with the first lock operation
-	decided   atomic.Bool // shardPub is decided
-	shardPub  atomic.Bool // release messages use sharded pub/sub
-	batch     batcher     // coalesces the lock script calls of concurrent callers
-	dials     *dialWatch  // refused dials, which answer a TryLock at once
+	errs      func(error) error // Config.ScriptError
+	handoff   bool              // the queue hands the lock to waiters (a quorum's servers only wake them)
+	pubs      [3]string         // the slow paths' publish commands, classic, sharded and relayed (queue.lua): in capitals without handoff
+	shardOnce sync.Once         // decides shardPub with the first lock operation
+	decided   atomic.Bool       // shardPub is decided
+	shardPub  atomic.Bool       // release messages use sharded pub/sub
+	batch     batcher           // coalesces the lock script calls of concurrent callers
+	dials     *dialWatch        // refused dials, which answer a TryLock at once
 	subscriber
 }
 
-// newNode returns a node of c on rdb; handoff says whether its queue hands
+// NewNode returns the backend of one Redis deployment, rdb.
+func NewNode(cfg Config, rdb redis.UniversalClient) Backend { return newNode(cfg, rdb, true) }
+
+// newNode returns a node of cfg on rdb; handoff says whether its queue hands
 // the lock to waiters (a quorum's servers only wake them).
-func newNode(c *Client, rdb redis.UniversalClient, handoff bool) *node {
-	n := &node{rdb: rdb, log: c.log, ack: c.ack, handoff: handoff, pubs: [3]string{"PUBLISH", "SPUBLISH", "PUBLISH"}}
+func newNode(cfg Config, rdb redis.UniversalClient, handoff bool) *node {
+	n := &node{rdb: rdb, log: cfg.Log, ack: replicaAck{cfg.Replicas, cfg.AckTimeout}, errs: cfg.ScriptError, handoff: handoff, pubs: [3]string{"PUBLISH", "SPUBLISH", "PUBLISH"}}
+	if n.errs == nil {
+		n.errs = func(err error) error { return err }
+	}
 	if handoff {
 		// Lower case: the queue hands the lock on. "pUBLISH": on a cluster
 		// that relays classic messages, which a Client may hear on any node.
 		n.pubs = [3]string{"publish", "spublish", "pUBLISH"}
 	}
 	_, n.cluster = rdb.(*redis.ClusterClient)
-	n.subscriber.to, n.subscriber.n = c, n
+	n.subscriber.to, n.subscriber.n = cfg.Listener, n
 	n.batch.n = n
 	n.batch.stopped, n.batch.stop = context.WithCancel(context.Background())
 	n.dials = watchDials(rdb)
@@ -63,7 +96,7 @@ type target interface {
 // call is one script invocation.
 // It is a script call, or (s nil) a plain command: args alone.
 type call struct {
-	s    *luaScript
+	s    *Script
 	keys []interface{}
 	args []interface{}
 	cmd  *redis.Cmd
@@ -107,9 +140,9 @@ func (cl *call) build(ctx context.Context, eval bool) {
 		a = make([]interface{}, 0, need)
 	}
 	if eval {
-		a = append(a, "eval", cl.s.src)
+		a = append(a, "eval", cl.s.Src)
 	} else {
-		a = append(a, "evalsha", cl.s.sha)
+		a = append(a, "evalsha", cl.s.SHA)
 	}
 	a = append(a, keyCounts[len(cl.keys)])
 	a = append(a, cl.keys...)
@@ -121,7 +154,7 @@ func (cl *call) build(ctx context.Context, eval bool) {
 // when asked, when there are several, or when wait asks for replica
 // acknowledgement (WAIT must share the writes' connection; its reply is
 // returned). A server that does not have a script (first use, SCRIPT
-// FLUSH, a restart: a NOSCRIPT reply, matched by its error code) gets the
+// FLUSH, a restart: a NOSCRIPT Reply, matched by its error code) gets the
 // calls again from the first that it refused, in their order: those
 // refused with EVAL, the others (applied once already) with EVALSHA. So
 // the calls take effect in the order they were made, which a call that
@@ -197,12 +230,12 @@ func isNoScript(cl *call) bool {
 
 // eval runs one lock script on the lock's keys, in one round trip with the
 // calls of other goroutines made at the same moment (see batcher).
-func (n *node) eval(ctx context.Context, s *lockSpec, sc *luaScript, args ...interface{}) (interface{}, error) {
-	return n.evalOn(ctx, s.keyArgs, sc, args...)
+func (n *node) eval(ctx context.Context, s *Spec, sc *Script, args ...interface{}) (interface{}, error) {
+	return n.evalOn(ctx, s.KeyArgs, sc, args...)
 }
 
 // evalOn is eval on some of the lock's keys, the hash first.
-func (n *node) evalOn(ctx context.Context, keys []interface{}, sc *luaScript, args ...interface{}) (interface{}, error) {
+func (n *node) evalOn(ctx context.Context, keys []interface{}, sc *Script, args ...interface{}) (interface{}, error) {
 	return n.evalCall(ctx, &call{s: sc, keys: keys, args: args})
 }
 
@@ -210,7 +243,7 @@ func (n *node) evalOn(ctx context.Context, keys []interface{}, sc *luaScript, ar
 // and its command's arguments come from a pool, as quickRelease's do: an
 // acquisition is the hot path. They go back once answered, never after an
 // error of the round trip (the drainer may still send a call cut off).
-func (n *node) evalTry(ctx context.Context, try bool, keys []interface{}, sc *luaScript, args ...interface{}) (interface{}, error) {
+func (n *node) evalTry(ctx context.Context, try bool, keys []interface{}, sc *Script, args ...interface{}) (interface{}, error) {
 	ac := acquirePool.Get().(*acquireCall)
 	ac.cl = call{s: sc, keys: keys, args: append(ac.args[:0], args...), try: try, buf: ac.built[:0]}
 	if err := n.batch.do(ctx, &ac.cl); err != nil {
@@ -248,7 +281,7 @@ func (n *node) answer(cmd *redis.Cmd) (interface{}, error) {
 	v, err := cmd.Result()
 	if err != nil {
 		n.reloadAfter(err)
-		return nil, scriptError(err)
+		return nil, n.errs(err)
 	}
 	return v, nil
 }
@@ -266,31 +299,31 @@ func (n *node) pub(ctx context.Context) interface{} {
 	return n.pubs[2]
 }
 
-func (n *node) acquire(ctx context.Context, s *lockSpec, r acquireReq) (reply, error) {
-	if r.quick && n.ack.replicas == 0 && s.quick.calm() {
+func (n *node) Acquire(ctx context.Context, s *Spec, r AcquireReq) (Reply, error) {
+	if r.Quick && n.ack.replicas == 0 && s.Quick.calm() {
 		switch granted, f, err := n.quickLock(ctx, s, r); {
 		case err != nil:
-			return reply{}, err
+			return Reply{}, err
 		case granted:
-			return reply{code: replyGranted, val: f}, nil
+			return Reply{Code: wire.Granted, Val: f}, nil
 		}
 	}
-	args := []interface{}{r.owner, r.have, r.want, r.lease, r.fence.arg(), r.entryArg(s), n.pub(ctx)}
-	if s.size != nil {
-		args = []interface{}{r.owner, r.have, r.want, r.lease, r.fence.arg(), r.entryArg(s), s.size, n.pub(ctx)}
+	args := []interface{}{r.Owner, r.Have, r.Want, r.Lease, r.Fence.arg(), r.entryArg(s), n.pub(ctx)}
+	if s.Size != nil {
+		args = []interface{}{r.Owner, r.Have, r.Want, r.Lease, r.Fence.arg(), r.entryArg(s), s.Size, n.pub(ctx)}
 	}
-	if r.have > 0 || n.ack.replicas == 0 {
-		v, err := n.evalTry(ctx, r.try, s.keyArgs, s.sc.acquire, args...)
+	if r.Have > 0 || n.ack.replicas == 0 {
+		v, err := n.evalTry(ctx, r.Try, s.KeyArgs, s.Scripts.Acquire, args...)
 		if err != nil {
-			return reply{}, err
+			return Reply{}, err
 		}
-		rep, err := parseReply(v)
-		if err == nil && (rep.code == replyBusy || rep.code == replyQueued) {
-			s.quick.contended()
+		rep, err := ParseReply(v)
+		if err == nil && (rep.Code == wire.Busy || rep.Code == wire.Queued) {
+			s.Quick.Contended()
 		}
 		return rep, err
 	}
-	return n.ackedAcquire(ctx, s, r.owner, args)
+	return n.ackedAcquire(ctx, s, r.Owner, args)
 }
 
 // ackedAcquire runs acquire followed by WAIT on the same connection (one
@@ -298,28 +331,28 @@ func (n *node) acquire(ctx context.Context, s *lockSpec, r acquireReq) (reply, e
 // what undoes it follows it). A grant that fewer than the required replicas
 // acknowledged is given back and reported as ErrTooFewReplicas: a failover
 // could otherwise promote a replica that never saw it.
-func (n *node) ackedAcquire(ctx context.Context, s *lockSpec, owner interface{}, args []interface{}) (reply, error) {
-	var r reply
+func (n *node) ackedAcquire(ctx context.Context, s *Spec, owner interface{}, args []interface{}) (Reply, error) {
+	var r Reply
 	var err error
 	if jerr := n.batch.job(ctx, func(ctx context.Context) { r, err = n.ackedRound(ctx, s, owner, args) }); jerr != nil {
-		return reply{}, jerr
+		return Reply{}, jerr
 	}
 	return r, err
 }
 
 // ackedRound is ackedAcquire's round trip, run by the drainer.
-func (n *node) ackedRound(ctx context.Context, s *lockSpec, owner interface{}, args []interface{}) (reply, error) {
-	v, short, err := n.ackedSend(ctx, s, &call{s: s.sc.acquire, keys: s.keyArgs, args: args})
+func (n *node) ackedRound(ctx context.Context, s *Spec, owner interface{}, args []interface{}) (Reply, error) {
+	v, short, err := n.ackedSend(ctx, s, &call{s: s.Scripts.Acquire, keys: s.KeyArgs, args: args})
 	if err != nil {
-		return reply{}, err
+		return Reply{}, err
 	}
-	r, err := parseReply(v)
-	if err != nil || r.code != replyGranted {
+	r, err := ParseReply(v)
+	if err != nil || r.Code != wire.Granted {
 		return r, err
 	}
 	if short != nil {
-		postRelease(ctx, n, s, owner, "0") // posted: the drainer sends it next round
-		return reply{}, short
+		PostRelease(ctx, n, s, owner, "0") // posted: the drainer sends it next round
+		return Reply{}, short
 	}
 	return r, nil
 }
@@ -332,7 +365,7 @@ func (n *node) ackedRound(ctx context.Context, s *lockSpec, owner interface{}, a
 //
 // The shortfall is final, not retried: a resend would find the record
 // written and nothing of the hold, which a resent release counts as done.
-func (n *node) ackedCall(ctx context.Context, s *lockSpec, cl *call) (interface{}, error) {
+func (n *node) ackedCall(ctx context.Context, s *Spec, cl *call) (interface{}, error) {
 	var v interface{}
 	var err error
 	jerr := n.batch.job(ctx, func(ctx context.Context) {
@@ -351,15 +384,15 @@ func (n *node) ackedCall(ctx context.Context, s *lockSpec, cl *call) (interface{
 // drainer: cl, then WAIT on the same connection. It returns cl's reply and
 // why the acknowledgements fell short of WithReplicaAck (nil if they did
 // not).
-func (n *node) ackedSend(ctx context.Context, s *lockSpec, cl *call) (v interface{}, short, err error) {
-	t, err := n.masterFor(ctx, s.hash())
+func (n *node) ackedSend(ctx context.Context, s *Spec, cl *call) (v interface{}, short, err error) {
+	t, err := n.masterFor(ctx, s.Home)
 	if err != nil {
 		return nil, nil, err
 	}
 	acks := n.send(ctx, t, []*call{cl}, true, true)
 	if v, err = cl.cmd.Result(); err != nil {
 		n.reloadAfter(err)
-		return nil, nil, scriptError(err)
+		return nil, nil, n.errs(err)
 	}
 	return v, n.ackErr(acks), nil
 }
@@ -385,16 +418,16 @@ func (n *node) masterFor(ctx context.Context, key string) (target, error) {
 	return n.rdb, nil
 }
 
-func (n *node) release(ctx context.Context, s *lockSpec, owner interface{}, want int, lease interface{}) (int64, error) {
-	if want == 0 && lease == "0" && s.quick.calm() && !isPosted(ctx) {
-		// (A posted release cannot look at the reply, nor HDEL keep the key
+func (n *node) Release(ctx context.Context, s *Spec, owner interface{}, want int, lease interface{}) (int64, error) {
+	if want == 0 && lease == "0" && s.Quick.calm() && !isPosted(ctx) {
+		// (A posted release cannot look at the Reply, nor HDEL keep the key
 		// for WithMinHold: release.lua alone.)
 		return n.quickRelease(ctx, s, owner)
 	}
-	cl := &call{s: s.sc.release, keys: s.keyArgs, args: []interface{}{owner, want, lease, n.pub(ctx)}, once: true}
+	cl := &call{s: s.Scripts.Release, keys: s.KeyArgs, args: []interface{}{owner, want, lease, n.pub(ctx)}, once: true}
 	var v interface{}
 	var err error
-	if s.records && n.acked() && !isPosted(ctx) {
+	if s.Records && n.Acked() && !isPosted(ctx) {
 		v, err = n.ackedCall(ctx, s, cl)
 	} else {
 		v, err = n.evalCall(ctx, cl)
@@ -403,30 +436,30 @@ func (n *node) release(ctx context.Context, s *lockSpec, owner interface{}, want
 		return 0, err
 	}
 	res, err := wire.Int64(v)
-	if res == releaseHandoff {
-		s.quick.contended()
+	if res == wire.Handoff {
+		s.Quick.Contended()
 	}
 	return res, err
 }
 
-func (n *node) leave(ctx context.Context, s *lockSpec, owner interface{}, entry string) error {
-	_, err := n.eval(ctx, s, s.sc.leave, owner, entry, n.pub(ctx))
+func (n *node) Leave(ctx context.Context, s *Spec, owner interface{}, entry string) error {
+	_, err := n.eval(ctx, s, s.Scripts.Leave, owner, entry, n.pub(ctx))
 	return err
 }
 
-func (n *node) refusal() <-chan struct{} { return n.dials.refusal() }
-func (n *node) refused() error           { return n.dials.refused() }
+func (n *node) Refusal() <-chan struct{} { return n.dials.Refusal() }
+func (n *node) Refused() error           { return n.dials.Refused() }
 
-func (n *node) grants() bool      { return true }
-func (n *node) freshOwners() bool { return false }
-func (n *node) acked() bool       { return n.ack.replicas > 0 }
-func (n *node) exact() bool       { return true }
+func (n *node) Grants() bool      { return true }
+func (n *node) FreshOwners() bool { return false }
+func (n *node) Acked() bool       { return n.ack.replicas > 0 }
+func (n *node) Exact() bool       { return true }
 
-func (n *node) script(ctx context.Context, s *lockSpec, sc *luaScript, args ...interface{}) (interface{}, error) {
+func (n *node) Script(ctx context.Context, s *Spec, sc *Script, args ...interface{}) (interface{}, error) {
 	return n.eval(ctx, s, sc, args...)
 }
 
-func (n *node) get(ctx context.Context, keys ...interface{}) ([]interface{}, error) {
+func (n *node) Get(ctx context.Context, keys ...interface{}) ([]interface{}, error) {
 	if len(keys) != 2 {
 		panic("remutex: node.get reads two keys") // (its one caller's: one pipelined pair)
 	}
@@ -441,20 +474,20 @@ func (n *node) get(ctx context.Context, keys ...interface{}) ([]interface{}, err
 		case err == nil:
 			vals[i] = v
 		case errors.Is(err, redis.Nil):
-		case isReply(err):
+		case IsReply(err):
 			return nil, err
 		default:
 			n.reloadAfter(err)
-			return nil, scriptError(err)
+			return nil, n.errs(err)
 		}
 	}
 	return vals, nil
 }
 
-// renewItem is one hold to renew: its lock's hash key, owner token and lease.
-type renewItem struct {
-	key          string
-	owner, lease interface{}
+// RenewItem is one hold to renew: its lock's hash key, owner token and lease.
+type RenewItem struct {
+	Key          string
+	Owner, Lease interface{}
 }
 
 // maxBatch bounds the keys of one renewal script call, so that the server is
@@ -470,7 +503,7 @@ type renewBatch struct {
 // renew renews items: one script call per cluster slot (one in all on a
 // single server) and maxBatch keys, all in one pipeline per server. Results
 // per item: 1 renewed, 0 not ours, -1 failed.
-func (n *node) renew(ctx context.Context, items []renewItem) []int64 {
+func (n *node) Renew(ctx context.Context, items []RenewItem) []int64 {
 	res := make([]int64, len(items))
 	for i := range res {
 		res[i] = -1
@@ -481,9 +514,9 @@ func (n *node) renew(ctx context.Context, items []renewItem) []int64 {
 	byTarget := map[target][]renewBatch{}
 	for _, b := range n.renewBatches(items) {
 		t := target(n.rdb)
-		if n.acked() {
+		if n.Acked() {
 			var err error
-			if t, err = n.masterFor(ctx, items[b.idx[0]].key); err != nil {
+			if t, err = n.masterFor(ctx, items[b.idx[0]].Key); err != nil {
 				n.log.Warn("remutex: renewal failed", "locks", len(b.idx), "err", err)
 				continue
 			}
@@ -495,7 +528,7 @@ func (n *node) renew(ctx context.Context, items []renewItem) []int64 {
 		for i, b := range bs {
 			calls[i] = b.call
 		}
-		acks := n.send(ctx, t, calls, n.acked(), true)
+		acks := n.send(ctx, t, calls, n.Acked(), true)
 		for _, b := range bs {
 			n.collect(b, acks, res)
 		}
@@ -504,12 +537,12 @@ func (n *node) renew(ctx context.Context, items []renewItem) []int64 {
 }
 
 // renewBatches groups items by cluster slot, maxBatch to a call.
-func (n *node) renewBatches(items []renewItem) []renewBatch {
+func (n *node) renewBatches(items []RenewItem) []renewBatch {
 	groups := map[int][]int{}
 	for i, it := range items {
 		slot := 0
 		if n.cluster {
-			slot = wire.Slot(it.key)
+			slot = wire.Slot(it.Key)
 		}
 		groups[slot] = append(groups[slot], i)
 	}
@@ -517,10 +550,10 @@ func (n *node) renewBatches(items []renewItem) []renewBatch {
 	for _, g := range groups {
 		for len(g) > 0 {
 			k := min(len(g), maxBatch)
-			cl := &call{s: renewScript, keys: make([]interface{}, k), args: make([]interface{}, 0, 2*k)}
+			cl := &call{s: RenewScript, keys: make([]interface{}, k), args: make([]interface{}, 0, 2*k)}
 			for j, i := range g[:k] {
-				cl.keys[j] = items[i].key
-				cl.args = append(cl.args, items[i].owner, items[i].lease)
+				cl.keys[j] = items[i].Key
+				cl.args = append(cl.args, items[i].Owner, items[i].Lease)
 			}
 			out = append(out, renewBatch{idx: g[:k], call: cl})
 			g = g[k:]

@@ -1,4 +1,4 @@
-package remutex
+package transport
 
 import (
 	"context"
@@ -31,7 +31,7 @@ import (
 // the slot lives. When SUBSCRIBE is denied (ACL NOPERM), waiters fall back
 // to polling with bounded backoff; this is logged once.
 type subscriber struct {
-	to      listener // whose waiters hear the messages
+	to      Listener // whose waiters hear the messages
 	n       *node    // whose server the connections go to
 	mu      sync.Mutex
 	closed  bool
@@ -41,18 +41,18 @@ type subscriber struct {
 	readers sync.WaitGroup
 }
 
-// listener is the engine's side of a node's pub/sub: the waiters that hear
+// Listener is the engine's side of a node's pub/sub: the waiters that hear
 // the messages. The subscriber hands it every message as it reads it (no
 // goroutine between), and tells it when messages may have been missed.
-type listener interface {
-	// dispatch takes a message on a lock's channel.
-	dispatch(channel, payload string)
-	// wakeAll makes every waiter look again: messages may have been
+type Listener interface {
+	// Dispatch takes a message on a lock's channel.
+	Dispatch(channel, payload string)
+	// WakeAll makes every waiter look again: messages may have been
 	// missed (a connection lost, a slot moved, SUBSCRIBE denied).
-	wakeAll()
-	// done is closed when the Client closes: the connections' writers
+	WakeAll()
+	// Done is closed when the Client closes: the connections' writers
 	// stop, and so do the batcher's waits.
-	done() <-chan struct{}
+	Done() <-chan struct{}
 }
 
 // psConn is one pub/sub connection, its reader and its writer.
@@ -81,7 +81,7 @@ type subEntry struct {
 
 // watch registers interest in channel; without create only if it is
 // subscribed (or lingering) already. It reports whether it registered.
-func (s *subscriber) watch(channel string, create bool) bool {
+func (s *subscriber) Watch(channel string, create bool) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
@@ -114,7 +114,7 @@ func (s *subscriber) watch(channel string, create bool) bool {
 // delivered (at once when subscriptions are denied). A waiter asks again each
 // time it looks, so that a subscription that could not be made yet (cluster
 // unreachable) is retried.
-func (s *subscriber) ready(channel string) <-chan struct{} {
+func (s *subscriber) Ready(channel string) <-chan struct{} {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e := s.chans[channel]
@@ -159,7 +159,7 @@ func (s *subscriber) write(conn *psConn) {
 	for {
 		select {
 		case <-conn.kick:
-		case <-s.to.done():
+		case <-s.to.Done():
 			return
 		case <-conn.retired:
 			return
@@ -222,7 +222,7 @@ func (s *subscriber) connLocked(channel string) (*psConn, error) {
 }
 
 // unwatch drops a waiter's interest in channel.
-func (s *subscriber) unwatch(channel string) {
+func (s *subscriber) Unwatch(channel string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if e := s.chans[channel]; e != nil {
@@ -234,7 +234,7 @@ func (s *subscriber) unwatch(channel string) {
 }
 
 // polling reports whether waiters must poll because SUBSCRIBE was denied.
-func (s *subscriber) polling() bool {
+func (s *subscriber) Polling() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.denied
@@ -242,7 +242,7 @@ func (s *subscriber) polling() bool {
 
 // close stops the readers and writers and waits for them. It is called
 // after the Client's closing channel is closed.
-func (s *subscriber) close() {
+func (s *subscriber) Close() {
 	s.mu.Lock()
 	s.closed = true
 	conns := make([]*psConn, 0, len(s.conns))
@@ -264,12 +264,12 @@ func (s *subscriber) isClosed() bool {
 
 func (s *subscriber) run(conn *psConn) {
 	defer s.readers.Done()
-	var bo backoff
+	var bo Backoff
 	var live liveness
 	for {
 		msg, err := conn.ps.ReceiveTimeout(context.Background(), s.sweep(conn))
 		if err != nil {
-			if s.isClosed() || isClosed(conn.retired) {
+			if s.isClosed() || IsClosed(conn.retired) {
 				return
 			}
 			var nerr net.Error
@@ -297,16 +297,16 @@ func (s *subscriber) run(conn *psConn) {
 			if conn.sharded {
 				s.rehome(conn)
 			}
-			s.to.wakeAll()
-			t := time.NewTimer(bo.next())
+			s.to.WakeAll()
+			t := time.NewTimer(bo.Next())
 			select {
 			case <-t.C:
-			case <-s.to.done():
+			case <-s.to.Done():
 			}
 			t.Stop()
 			continue
 		}
-		bo = backoff{}
+		bo = Backoff{}
 		live = liveness{}
 		switch m := msg.(type) {
 		case *redis.Subscription:
@@ -317,7 +317,7 @@ func (s *subscriber) run(conn *psConn) {
 				s.moved(conn, m.Channel)
 			}
 		case *redis.Message:
-			s.to.dispatch(m.Channel, m.Payload)
+			s.to.Dispatch(m.Channel, m.Payload)
 		}
 	}
 }
@@ -377,7 +377,7 @@ func (s *subscriber) retire(conn *psConn) {
 	s.mu.Unlock()
 	s.n.log.Warn("remutex: pub/sub connection did not answer a ping; subscribing again on a new one", "addr", conn.addr)
 	_ = conn.ps.Close()
-	s.to.wakeAll()
+	s.to.WakeAll()
 }
 
 // sweep unsubscribes the connection's channels that lingered out and returns
@@ -415,7 +415,7 @@ func (s *subscriber) confirm(channel string) {
 	s.mu.Unlock()
 	if again {
 		// Subscribed again after a reconnect: a release may have been missed.
-		s.to.wakeAll()
+		s.to.WakeAll()
 	}
 }
 

@@ -1,4 +1,4 @@
-package remutex
+package transport
 
 import (
 	"context"
@@ -93,27 +93,27 @@ type postedKey struct{}
 // for its reply.
 var errPosted = errors.New("remutex: call posted")
 
-// unlockCtx is the context of the calls of Unlock (Release, RUnlock): it
+// UnlockCtx is the context of the calls of Unlock (Release, RUnlock): it
 // never ends, but a caller that waits on its call is answered after
 // UnlockTimeout whatever Redis does, errUnlockBound (see batcher.wait).
 // Unlock needs no context of its own per call for that, and its
 // uncontended cycle no allocations.
-var unlockCtx context.Context = bounded{context.Background()}
+var UnlockCtx context.Context = bounded{context.Background()}
 
 type bounded struct{ context.Context }
 
-// errUnlockBound is the error of a call of unlockCtx that got no answer in
+// errUnlockBound is the error of a call of UnlockCtx that got no answer in
 // time: it may still be applied (see postCtx).
 var errUnlockBound = fmt.Errorf("Redis did not answer within %v: %w", UnlockTimeout, context.DeadlineExceeded)
 
-// postCtx returns a context for calls that undo or leave behind what a call
+// PostCtx returns a context for calls that undo or leave behind what a call
 // cut off by its caller's context may have done: each is queued behind that
 // call before the caller goes on, and sent by the drainer while the caller
 // is long gone, within d (a call still queued then is dropped: what it
 // would have undone ends by its lease; one that got no answer is sent
 // again meanwhile, see drain). Node calls made with it return
 // errPosted at once. It has no cancellation: nobody is left to cancel it.
-func postCtx(parent context.Context, d time.Duration) context.Context {
+func PostCtx(parent context.Context, d time.Duration) context.Context {
 	return context.WithValue(context.WithoutCancel(parent), postedKey{}, time.Now().Add(d))
 }
 
@@ -138,7 +138,7 @@ func (b *batcher) do(ctx context.Context, cl *call) error { return b.doPair(ctx,
 // doPair is do for cl and, if not nil, cl2 after it in the same round trip.
 func (b *batcher) doPair(ctx context.Context, cl, cl2 *call) error {
 	b.mu.Lock()
-	if !b.closed && ctx.Done() == nil && ctx != unlockCtx && !cl.try && b.alone == 0 && !b.drainer && !isPosted(ctx) {
+	if !b.closed && ctx.Done() == nil && ctx != UnlockCtx && !cl.try && b.alone == 0 && !b.drainer && !isPosted(ctx) {
 		b.alone++
 		b.mu.Unlock()
 		if cl2 == nil {
@@ -153,7 +153,7 @@ func (b *batcher) doPair(ctx context.Context, cl, cl2 *call) error {
 	}
 	var refused <-chan struct{}
 	if cl.try {
-		refused = b.n.dials.refusal() // (before the call can dial)
+		refused = b.n.dials.Refusal() // (before the call can dial)
 	}
 	p, err := b.enqueueLocked(ctx, cl, cl2, nil)
 	b.mu.Unlock()
@@ -213,7 +213,7 @@ func (b *batcher) enqueueLocked(ctx context.Context, cl, cl2 *call, f func(conte
 
 // wait waits for p's round, then takes its reply with got; or returns
 // ctx's error when ctx ends first (errUnlockBound after UnlockTimeout for
-// unlockCtx).
+// UnlockCtx).
 func (b *batcher) wait(ctx context.Context, p *pending, got func()) error {
 	return b.waitRefused(ctx, p, nil, got)
 }
@@ -224,7 +224,7 @@ func (b *batcher) wait(ctx context.Context, p *pending, got func()) error {
 // treated as one whose reply was lost.
 func (b *batcher) waitRefused(ctx context.Context, p *pending, refused <-chan struct{}, got func()) error {
 	var bound <-chan time.Time
-	if ctx == unlockCtx {
+	if ctx == UnlockCtx {
 		t := timerPool.Get().(*time.Timer)
 		t.Reset(UnlockTimeout)
 		defer func() {
@@ -236,7 +236,7 @@ func (b *batcher) waitRefused(ctx context.Context, p *pending, refused <-chan st
 	select {
 	case <-refused:
 		b.abandon(p)
-		return fmt.Errorf("the connection was refused: %w", b.n.dials.refused())
+		return fmt.Errorf("the connection was refused: %w", b.n.dials.Refused())
 	case <-bound:
 		b.abandon(p)
 		return errUnlockBound
@@ -245,12 +245,12 @@ func (b *batcher) waitRefused(ctx context.Context, p *pending, refused <-chan st
 		if err == nil {
 			got()
 		}
-		p.release()
+		p.Release()
 		return err
 	case <-ctx.Done():
 		b.abandon(p)
 		return ctx.Err()
-	case <-b.n.subscriber.to.done():
+	case <-b.n.subscriber.to.Done():
 		// Close: nobody waits for Redis any more.
 		b.abandon(p)
 		return ErrClosed
@@ -274,7 +274,7 @@ var timerPool = sync.Pool{New: func() any {
 	return t
 }}
 
-func (p *pending) release() {
+func (p *pending) Release() {
 	*p = pending{done: p.done}
 	pendingPool.Put(p)
 }
@@ -294,10 +294,10 @@ func (b *batcher) drain() {
 	defer b.wg.Done()
 	var ps, again []*pending
 	var calls []*call
-	var bo backoff
+	var bo Backoff
 	for {
 		if again = b.retries(again, &bo); len(again) == 0 {
-			bo = backoff{}
+			bo = Backoff{}
 		}
 		ps, calls = b.take(ps[:0], calls[:0], again)
 		if ps == nil {
@@ -312,7 +312,7 @@ func (b *batcher) drain() {
 			case p.job == nil && p.failed() && time.Now().Before(p.until):
 				again = append(again, p)
 			default:
-				p.release() // nobody waits for it
+				p.Release() // nobody waits for it
 			}
 		}
 		clear(ps)
@@ -324,25 +324,25 @@ const postRetryLimit = 250 * time.Millisecond
 
 // retries waits, after a round whose posted calls again failed, before
 // they are sent again; it returns those still to send (none after Close).
-func (b *batcher) retries(again []*pending, bo *backoff) []*pending {
+func (b *batcher) retries(again []*pending, bo *Backoff) []*pending {
 	if len(again) == 0 {
 		return again
 	}
-	if bo.first == 0 {
-		bo.first, bo.limit = 10*time.Millisecond, postRetryLimit
+	if bo.First == 0 {
+		bo.First, bo.Limit = 10*time.Millisecond, postRetryLimit
 	}
-	t := time.NewTimer(bo.next())
+	t := time.NewTimer(bo.Next())
 	defer t.Stop()
 	closing := false
 	select {
 	case <-t.C:
-	case <-b.n.subscriber.to.done():
+	case <-b.n.subscriber.to.Done():
 		closing = true
 	}
 	keep, now := again[:0], time.Now()
 	for _, p := range again {
 		if closing || !now.Before(p.until) {
-			p.release()
+			p.Release()
 			continue
 		}
 		keep = append(keep, p)
@@ -353,7 +353,7 @@ func (b *batcher) retries(again []*pending, bo *backoff) []*pending {
 
 // failed reports whether p's call (or pair) got no answer.
 func (p *pending) failed() bool {
-	return transient(p.cl.cmd.Err()) || p.pair && transient(p.cl2.cmd.Err())
+	return Transient(p.cl.cmd.Err()) || p.pair && Transient(p.cl2.cmd.Err())
 }
 
 // round sends a round's calls as one pipeline, then runs its jobs.
@@ -536,7 +536,7 @@ func (d detached) AfterFunc(f func()) func() bool { return context.AfterFunc(d.C
 // call that waits to connect or to retry; a call blocked reading a reply
 // ends by the redis client's read timeout, which go-redis applies instead
 // of the context unless ContextTimeoutEnabled.
-func (b *batcher) close(deadline time.Time) {
+func (b *batcher) Close(deadline time.Time) {
 	b.mu.Lock()
 	b.closed = true
 	b.mu.Unlock()
@@ -558,8 +558,8 @@ func (b *batcher) close(deadline time.Time) {
 
 // close stops the node: its coalescing of calls (see batcher.close), then
 // its subscriptions.
-func (n *node) close(deadline time.Time) {
+func (n *node) Close(deadline time.Time) {
 	n.dials.closed.Store(true)
-	n.batch.close(deadline)
-	n.subscriber.close()
+	n.batch.Close(deadline)
+	n.subscriber.Close()
 }

@@ -1,4 +1,4 @@
-package remutex
+package transport
 
 import (
 	"context"
@@ -30,8 +30,8 @@ import (
 // lock is seen contended (a busy reply, a waiter found at release, a
 // hand-off), the full scripts are sent at once for contendedFor, so that a
 // contended lock does not pay two calls where one does.
-type quick struct {
-	lock, wake           *luaScript
+type Quick struct {
+	lock, wake           *Script
 	lockKeys, fencedKeys []interface{}
 	// A semaphore's unfenced Acquire(1) once its size was found right:
 	// quick_lock.lua on the holders and the queue (see quick_sem.lua).
@@ -39,82 +39,78 @@ type quick struct {
 	del     interface{}   // "hdel", or "zrem" for a reader (held as an interface: no conversion per release)
 	delKey  interface{}   // the key of the holds
 	look    []interface{} // EXISTS of the queue (read only: shared by the calls)
-	until   *atomic.Int64 // unix ns: contended until then (Client.contended)
+	Until   *atomic.Int64 // unix ns: contended until then (shared with other locks)
 }
 
-// newQuick returns the uncontended cycle of a lock of kind k on keys (see
-// wire.LockKeys, wire.RWKeys), or nil where there is none.
-func (c *Client) newQuick(k *kind, keys []string) *quick {
-	if k.quick == nil {
+// NewQuick returns the uncontended cycle that build (MutexQuick,
+// ReadQuick, SemQuick) makes on a lock's keys (see wire.LockKeys,
+// wire.RWKeys), or nil for no build; until is where the lock's contention
+// is marked (shared with other locks).
+func NewQuick(build func(q *Quick, keys []string) *Quick, keys []string, until *atomic.Int64) *Quick {
+	if build == nil {
 		return nil
 	}
 	hash, queue := keys[0], keys[2]
-	// FNV-1a of the hash (both sides of a read/write lock share it), its top
-	// byte the slot: its low byte depends on the low bits alone, and names
-	// that differ in a suffix would share slots far more often than 1 in 256.
-	h := uint32(2166136261)
-	for i := 0; i < len(hash); i++ {
-		h = (h ^ uint32(hash[i])) * 16777619
-	}
-	q := k.quick(&quick{del: "hdel", delKey: hash, look: []interface{}{"exists", queue}, until: &c.contended[h>>24]}, keys)
+	q := build(&Quick{del: "hdel", delKey: hash, look: []interface{}{"exists", queue}, Until: until}, keys)
 	q.fencedKeys = append(slices.Clip(q.lockKeys), keys[1])
 	return q
 }
 
-// mutexQuick is the uncontended cycle of a DistMutex (and a DistOnce's
+// MutexQuick is the uncontended cycle of a DistMutex (and a DistOnce's
 // lock): quick_lock.lua on the hash and the queue, HDEL, wake.lua.
-func mutexQuick(q *quick, keys []string) *quick {
-	q.lock, q.wake, q.lockKeys = quickLock, wakeScript, []interface{}{keys[0], keys[2]}
+func MutexQuick(q *Quick, keys []string) *Quick {
+	q.lock, q.wake, q.lockKeys = QuickLock, WakeScript, []interface{}{keys[0], keys[2]}
 	return q
 }
 
-// readQuick is a DistRWMutex's readers': quick_rlock.lua, which also reads
+// ReadQuick is a DistRWMutex's readers': quick_rlock.lua, which also reads
 // the readers, ZREM of the reader, rwwake.lua.
-func readQuick(q *quick, keys []string) *quick {
+func ReadQuick(q *Quick, keys []string) *Quick {
 	readers := keys[3]
-	q.lock, q.wake, q.lockKeys = quickRLock, rwWake, []interface{}{keys[0], keys[2], readers}
+	q.lock, q.wake, q.lockKeys = QuickRLock, RWWake, []interface{}{keys[0], keys[2], readers}
 	q.del, q.delKey = "zrem", readers
 	return q
 }
 
-// semQuick is a DistSemaphore's: quick_sem.lua, which also reads the size,
+// SemQuick is a DistSemaphore's: quick_sem.lua, which also reads the size,
 // HDEL of the holding, sem_wake.lua; an unfenced Acquire(1), once the size
-// is known right, runs quick_lock.lua (see quickLock).
-func semQuick(q *quick, keys []string) *quick {
+// is known right, runs quick_lock.lua (see QuickLock).
+func SemQuick(q *Quick, keys []string) *Quick {
 	q.oneKeys = []interface{}{keys[0], keys[2]}
-	q.lock, q.wake, q.lockKeys = quickSem, semWake, []interface{}{keys[0], keys[2], keys[3]}
+	q.lock, q.wake, q.lockKeys = QuickSem, SemWake, []interface{}{keys[0], keys[2], keys[3]}
 	return q
 }
 
 // calm says whether the lock has not been seen contended lately.
-func (q *quick) calm() bool { return q != nil && time.Now().UnixNano() >= q.until.Load() }
+func (q *Quick) calm() bool { return q != nil && time.Now().UnixNano() >= q.Until.Load() }
 
-func (q *quick) contended() {
+// Contended marks the lock contended: the full scripts for contendedFor.
+func (q *Quick) Contended() {
 	if q != nil {
-		q.until.Store(time.Now().Add(contendedFor).UnixNano())
+		q.Until.Store(time.Now().Add(contendedFor).UnixNano())
 	}
 }
 
 // quickLock runs the lock's quick_lock.lua or quick_rlock.lua: granted with
 // the fence token (0 without fencing), or not (the lock is not free), the
 // lock then marked contended.
-func (n *node) quickLock(ctx context.Context, s *lockSpec, r acquireReq) (granted bool, fence int64, err error) {
-	q := s.quick
+func (n *node) quickLock(ctx context.Context, s *Spec, r AcquireReq) (granted bool, fence int64, err error) {
+	q := s.Quick
 	keys := q.lockKeys
-	if r.fence != fenceOff {
+	if r.Fence != FenceOff {
 		keys = q.fencedKeys
 	}
 	var v interface{}
 	switch {
-	case !s.permits:
-		v, err = n.evalTry(ctx, r.try, keys, q.lock, r.owner, r.lease)
-	case r.want == 1 && r.fence == fenceOff && s.sized.Load():
+	case !s.Permits:
+		v, err = n.evalTry(ctx, r.Try, keys, q.lock, r.Owner, r.Lease)
+	case r.Want == 1 && r.Fence == FenceOff && s.Sized.Load():
 		// (A fenced holding keeps its token in its value: quick_sem.lua.)
-		v, err = n.evalTry(ctx, r.try, q.oneKeys, quickLock, r.owner, r.lease)
-	case r.want == 1:
-		v, err = n.evalTry(ctx, r.try, keys, q.lock, r.owner, r.lease, s.size)
+		v, err = n.evalTry(ctx, r.Try, q.oneKeys, QuickLock, r.Owner, r.Lease)
+	case r.Want == 1:
+		v, err = n.evalTry(ctx, r.Try, keys, q.lock, r.Owner, r.Lease, s.Size)
 	default:
-		v, err = n.evalTry(ctx, r.try, keys, q.lock, r.owner, r.lease, s.size, strconv.Itoa(r.want))
+		v, err = n.evalTry(ctx, r.Try, keys, q.lock, r.Owner, r.Lease, s.Size, strconv.Itoa(r.Want))
 	}
 	if err != nil {
 		return false, 0, err
@@ -124,7 +120,7 @@ func (n *node) quickLock(ctx context.Context, s *lockSpec, r acquireReq) (grante
 	case err != nil:
 		return false, 0, err
 	case f < 0:
-		s.quick.contended()
+		s.Quick.Contended()
 		return false, 0, nil
 	}
 	return true, f, nil
@@ -135,8 +131,8 @@ func (n *node) quickLock(ctx context.Context, s *lockSpec, r acquireReq) (grante
 // wake.lua (rwwake.lua) to pass the lock on. Its replies are release.lua's.
 // A reply error of the HDEL (a key of another type) means the hold is not
 // there: not held, as release.lua answers.
-func (n *node) quickRelease(ctx context.Context, s *lockSpec, owner interface{}) (int64, error) {
-	q := s.quick
+func (n *node) quickRelease(ctx context.Context, s *Spec, owner interface{}) (int64, error) {
+	q := s.Quick
 	pc := pairPool.Get().(*pairCalls)
 	del, look := &pc.calls[0], &pc.calls[1]
 	*del = call{args: append(pc.args[:0], q.del, q.delKey, owner), once: true}
@@ -147,27 +143,27 @@ func (n *node) quickRelease(ctx context.Context, s *lockSpec, owner interface{})
 	defer pairPool.Put(pc)
 	gone, err := del.cmd.Int64()
 	switch {
-	case err != nil && isReply(err):
-		return releaseNotHeld, nil
+	case err != nil && IsReply(err):
+		return wire.NotHeld, nil
 	case err != nil:
 		n.reloadAfter(err)
 		return 0, err
 	case gone != 1:
-		return releaseNotHeld, nil
+		return wire.NotHeld, nil
 	}
 	if waiting, err := look.cmd.Int64(); err != nil || waiting == 0 {
-		return releaseDone, nil // (an error: the waiters look again at their next refresh)
+		return wire.Done, nil // (an error: the waiters look again at their next refresh)
 	}
-	q.contended()
+	q.Contended()
 	v, err := n.eval(ctx, s, q.wake, n.pub(ctx))
 	if err != nil {
-		n.log.Warn("remutex: waking the queue after a release failed; its waiters look again at their next refresh", "lock", s.name, "err", err)
-		return releaseDone, nil
+		n.log.Warn("remutex: waking the queue after a release failed; its waiters look again at their next refresh", "lock", s.Name, "err", err)
+		return wire.Done, nil
 	}
-	if res, _ := wire.Int64(v); res == releaseHandoff {
-		return releaseHandoff, nil
+	if res, _ := wire.Int64(v); res == wire.Handoff {
+		return wire.Handoff, nil
 	}
-	return releaseDone, nil
+	return wire.Done, nil
 }
 
 // pairCalls are the two calls of a quickRelease, pooled: an uncontended

@@ -1,4 +1,4 @@
-package remutex
+package transport
 
 import (
 	"context"
@@ -13,14 +13,14 @@ import (
 // Counting the Clients that listen for a lock's messages, for Inspect's
 // LockInfo.Subscribers.
 
-// subscribers sets the Subscribers of each kind of lock in infos: the
+// subscribers sets the subscribers of each kind of lock in recs: the
 // Clients subscribed to the channels of the keys its holds live in
 // (<key>:released:<client id>). One pattern, P{N}:*, finds those of every
 // kind; channelKind tells them apart. On a Redis 7 cluster they are shard
 // channels of the master serving the locks' slot; with classic pub/sub on a
 // cluster a Client's connection may be on any node, so all are asked.
-func (n *node) subscribers(ctx context.Context, t *adminTarget, infos []LockInfo) error {
-	base := t.keys[0][0]
+func (n *node) subscribers(ctx context.Context, t *AdminTarget, recs []LockRecord) error {
+	base := t.Keys[0][0]
 	pattern := globEscape(base) + ":*"
 	var mu sync.Mutex
 	count := func(ctx context.Context, r redis.Cmdable, sharded bool) error {
@@ -28,7 +28,7 @@ func (n *node) subscribers(ctx context.Context, t *adminTarget, infos []LockInfo
 		mu.Lock()
 		defer mu.Unlock()
 		for kind, k := range subs {
-			infos[kind].Subscribers += k
+			recs[kind].Subscribers += k
 		}
 		return err
 	}
@@ -48,12 +48,12 @@ func (n *node) subscribers(ctx context.Context, t *adminTarget, infos []LockInfo
 	})
 }
 
-// channelKind returns the index in adminKinds of the lock whose channel ch
+// channelKind returns the index in AdminKinds of the lock whose channel ch
 // is, or -1 for a channel of no lock of t (another name's, which the
 // pattern P{N}:* may match: its key ends in '}' where ours go on, or its
 // channel has a ':' after our infix, where a Client id has none).
-func (t *adminTarget) channelKind(ch string) int {
-	for i := range adminKinds {
+func (t *AdminTarget) channelKind(ch string) int {
+	for i := range AdminKinds {
 		for _, home := range t.homes(i) {
 			id, ok := strings.CutPrefix(ch, home+wire.ReleasedInfix)
 			if ok && id != "" && !strings.Contains(id, ":") {

@@ -1,4 +1,4 @@
-package remutex
+package transport
 
 import (
 	"context"
@@ -113,7 +113,7 @@ func (s *subscriber) follow(conn *psConn, chans []string) {
 			t.Reset(5 * time.Millisecond)
 			select {
 			case <-t.C:
-			case <-s.to.done():
+			case <-s.to.Done():
 				return
 			}
 		}
@@ -125,7 +125,7 @@ func (s *subscriber) follow(conn *psConn, chans []string) {
 		}
 	}
 	s.mu.Unlock()
-	s.to.wakeAll()
+	s.to.WakeAll()
 }
 
 // sharded reports whether release messages use sharded pub/sub: on a
