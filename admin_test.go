@@ -276,7 +276,6 @@ func TestAdminQuorum(t *testing.T) {
 // TestAdminCluster: on a Redis 7 cluster the waiter's subscription is a
 // shard channel on the lock's master, and ForceUnlock wakes it there.
 func TestAdminCluster(t *testing.T) {
-	t.Parallel() // its own servers; it waits on them (see TestMain)
 	redistest.RequireShardedPubSub(t)
 	tc := redistest.StartCluster(t, 3, 0)
 	ctx := testCtx(t, hangGuard)

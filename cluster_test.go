@@ -24,7 +24,6 @@ import (
 // TestCluster runs on one cluster of three masters with a replica each;
 // its subtests leave the cluster as they found it, so they share it.
 func TestCluster(t *testing.T) {
-	t.Parallel() // its own servers; it waits on them (see TestMain)
 	tc := redistest.StartCluster(t, 3, 1)
 	t.Run("KeysShareOneSlot", func(t *testing.T) { testClusterKeysShareOneSlot(t, tc) })
 	t.Run("Exclusion", func(t *testing.T) { testClusterExclusion(t, tc) })

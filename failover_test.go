@@ -688,7 +688,6 @@ func observeChannel(t *testing.T, ps *redis.PubSub) <-chan *redis.Message {
 
 // TestFailoverSentinelKill kills the primary (SIGKILL) under load.
 func TestFailoverSentinelKill(t *testing.T) {
-	t.Parallel() // its own servers; it waits on them (see TestMain)
 	skipShort(t, "a failover")
 	eachAck(t, func(t *testing.T, ack bool) {
 		runFailover(t, &sentinelFailover{s: redistest.StartSentinel(t)}, ack)
@@ -699,7 +698,6 @@ func TestFailoverSentinelKill(t *testing.T) {
 // until a replica is promoted, then resumes it: it comes back believing it
 // is the primary, until the sentinels make it a replica (some 8s later).
 func TestFailoverSentinelStalePrimary(t *testing.T) {
-	t.Parallel() // its own servers; it waits on them (see TestMain)
 	skipShort(t, "a failover")
 	eachAck(t, func(t *testing.T, ack bool) {
 		runFailover(t, &sentinelFailover{s: redistest.StartSentinel(t), pause: true}, ack)
@@ -779,7 +777,6 @@ func (d *clusterFailover) observe(t *testing.T, channel string) <-chan *redis.Me
 // TestFailoverCluster kills, under load, the master that serves the locks'
 // slots in a cluster of three masters with a replica each.
 func TestFailoverCluster(t *testing.T) {
-	t.Parallel() // its own servers; it waits on them (see TestMain)
 	skipShort(t, "a failover")
 	eachAck(t, func(t *testing.T, ack bool) {
 		tc := redistest.StartCluster(t, 3, 1, "--cluster-node-timeout", strconv.FormatInt(clusterNodeTimeout.Milliseconds(), 10))
