@@ -33,7 +33,9 @@ func promote(t *testing.T, srv *redistest.Server) {
 }
 
 func TestReplicaAckSurvivesFailover(t *testing.T) {
-	const lease = time.Second
+	// Long enough that the failover and the checks after it, slow on a
+	// busy machine, end well inside the first hold's lease.
+	const lease = 4 * time.Second
 	settleDialers(t)
 	ctx := testCtx(t, hangGuard)
 	p := redistest.StartReplicaPair(t, false)
