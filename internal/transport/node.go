@@ -48,18 +48,17 @@ type replicaAck struct {
 // node is one Redis deployment: a Client's only one, or one of a quorum's
 // independent servers. It owns the one path by which scripts reach Redis.
 type node struct {
-	rdb       redis.UniversalClient
-	log       *slog.Logger
-	cluster   bool // rdb is a *redis.ClusterClient
-	ack       replicaAck
-	errs      func(error) error // Config.ScriptError
-	handoff   bool              // the queue hands the lock to waiters (a quorum's servers only wake them)
-	pubs      [3]string         // the slow paths' publish commands, classic, sharded and relayed (queue.lua): in capitals without handoff
-	shardOnce sync.Once         // decides shardPub with the first lock operation
-	decided   atomic.Bool       // shardPub is decided
-	shardPub  atomic.Bool       // release messages use sharded pub/sub
-	batch     batcher           // coalesces the lock script calls of concurrent callers
-	dials     *dialWatch        // refused dials, which answer a TryLock at once
+	rdb      redis.UniversalClient
+	log      *slog.Logger
+	cluster  bool // rdb is a *redis.ClusterClient
+	ack      replicaAck
+	errs     func(error) error // Config.ScriptError
+	handoff  bool              // the queue hands the lock to waiters (a quorum's servers only wake them)
+	pubs     [3]string         // the slow paths' publish commands, classic, sharded and relayed (queue.lua): in capitals without handoff
+	decided  atomic.Bool       // shardPub is decided (by the batcher's drainer alone)
+	shardPub atomic.Bool       // release messages use sharded pub/sub
+	batch    batcher           // coalesces the lock script calls of concurrent callers
+	dials    *dialWatch        // refused dials, which answer a TryLock at once
 	subscriber
 }
 

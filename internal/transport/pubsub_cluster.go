@@ -130,9 +130,13 @@ func (s *subscriber) follow(conn *psConn, chans []string) {
 
 // sharded reports whether release messages use sharded pub/sub: on a
 // ClusterClient whose servers know SPUBLISH (Redis 7 or later). It is
-// decided once, with the Client's first lock operation, by a job of the
-// batcher (so that a server that does not answer holds up no caller past
-// its context); until then, and where it cannot be told, classic pub/sub.
+// decided with the Client's first lock operation, by a job of the batcher
+// (so that a server that does not answer holds up no caller past its
+// context); until then, and where it cannot be told, classic pub/sub. A
+// question that the caller's context cut short decides nothing: the next
+// operation asks again (a TryLock's short bound on a busy machine would
+// otherwise leave the Client on classic pub/sub for good, where a Client
+// on sharded pub/sub would not hear its messages).
 func (n *node) sharded(ctx context.Context) bool {
 	if n.decided.Load() {
 		return n.shardPub.Load()
@@ -142,16 +146,22 @@ func (n *node) sharded(ctx context.Context) bool {
 		return false
 	}
 	_ = n.batch.job(ctx, func(ctx context.Context) {
-		n.shardOnce.Do(func() { n.decideSharded(ctx, cc) })
+		if !n.decided.Load() { // jobs run one at a time, on the drainer
+			n.decideSharded(ctx, cc)
+		}
 	})
 	return n.shardPub.Load()
 }
 
 // decideSharded asks COMMAND INFO, which any ACL user with @connection may
-// run, whether the cluster knows SPUBLISH.
+// run, whether the cluster knows SPUBLISH. Any answer, or an error that is
+// not ctx's end, decides.
 func (n *node) decideSharded(ctx context.Context, cc *redis.ClusterClient) {
-	defer n.decided.Store(true)
 	v, err := cc.Do(ctx, "command", "info", "spublish").Slice()
+	if err != nil && ctx.Err() != nil {
+		return
+	}
+	defer n.decided.Store(true)
 	if err != nil {
 		n.log.Warn("remutex: cannot tell whether the cluster has sharded pub/sub; using classic pub/sub", "err", err)
 		return

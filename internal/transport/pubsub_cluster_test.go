@@ -1,0 +1,103 @@
+package transport
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// quietListener is a Listener that hears nothing.
+type quietListener struct{ done chan struct{} }
+
+func (quietListener) Dispatch(string, string) {}
+func (quietListener) WakeAll()                {}
+func (l quietListener) Done() <-chan struct{} { return l.done }
+
+// TestShardedUndecidedByCallersDeadline: a question about sharded pub/sub
+// that the caller's context ends decides nothing, and the next operation
+// asks again; a failure of the cluster itself decides classic pub/sub.
+// (A TryLock's short bound once left a Client on classic pub/sub for good,
+// deaf to the messages of Clients on sharded pub/sub.)
+func TestShardedUndecidedByCallersDeadline(t *testing.T) {
+	// A server that takes connections and never answers: the question
+	// outlives the caller's deadline.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu    sync.Mutex
+		conns []net.Conn
+		done  = make(chan struct{})
+	)
+	go func() { // takes connections until ln closes, holding them unanswered
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	defer func() {
+		ln.Close()
+		<-done
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	silent := newTestNode(t, ln.Addr().String())
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if silent.sharded(ctx) {
+		t.Fatal("sharded from a server that never answered: got true, want false")
+	}
+	waitIdle(t, silent)
+	if silent.decided.Load() {
+		t.Fatal("a question the caller's deadline cut short decided the Client's pub/sub for good")
+	}
+
+	// Nothing listens on port 1: the dial is refused at once, which
+	// decides.
+	refused := newTestNode(t, "127.0.0.1:1")
+	if refused.sharded(context.Background()) {
+		t.Fatal("sharded on a cluster that cannot be asked: got true, want false")
+	}
+	if !refused.decided.Load() {
+		t.Fatal("a cluster that refused the question left it undecided, to be asked by every operation")
+	}
+}
+
+// newTestNode returns a node on a ClusterClient of addr, closed (before its
+// client) at the end of the test.
+func newTestNode(t *testing.T, addr string) *node {
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{addr}, MaxRedirects: -1,
+		ReadTimeout: 300 * time.Millisecond, MaxRetries: -1})
+	l := quietListener{done: make(chan struct{})}
+	n := newNode(Config{Log: slog.New(slog.DiscardHandler), Listener: l}, cc, true)
+	t.Cleanup(func() {
+		n.Close(time.Now().Add(time.Second))
+		close(l.done)
+		_ = cc.Close()
+	})
+	return n
+}
+
+// waitIdle waits until n's batcher has nothing queued or running.
+func waitIdle(t *testing.T, n *node) {
+	deadline := time.Now().Add(10 * time.Second)
+	for !Idle(n) {
+		if time.Now().After(deadline) {
+			t.Fatal("the batcher still busy after 10s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
