@@ -69,9 +69,9 @@ func fullPlan() plan {
 }
 
 func shortPlan() plan {
-	return plan{Short: true, Rounds: 5, RoundTime: 100 * time.Millisecond,
-		Nested: 500 * time.Millisecond, ContendedTime: 1500 * time.Millisecond, ContendedRounds: 1, HeldLocks: 1000,
-		HeldLease: time.Second, TakeLimit: 3 * time.Second, ScaleRounds: 1, ScaleTime: 200 * time.Millisecond}
+	return plan{Short: true, Rounds: 3, RoundTime: 60 * time.Millisecond,
+		Nested: 300 * time.Millisecond, ContendedTime: 900 * time.Millisecond, ContendedRounds: 1, HeldLocks: 1000,
+		HeldLease: time.Second, TakeLimit: 3 * time.Second, ScaleRounds: 1, ScaleTime: 100 * time.Millisecond}
 }
 
 // flags are the command line.
