@@ -74,11 +74,12 @@ func runsPerTick(t *testing.T, log string, ticks int) []int {
 }
 
 // TestRunMinHoldOncePerTick runs the cron line of three machines whose
-// clocks are 0, 50 and 100ms apart, for three ticks: run --wait 0
-// --min-hold 500ms runs the job exactly once per tick, and the other
-// runners exit with 75 without running it. (Without --min-hold the short
-// job is done before the next runner looks, and runs up to three times a
-// tick.)
+// clocks are 0, 50 and 100ms apart, for three ticks 2s apart: run --wait 0
+// --min-hold 1s runs the job exactly once per tick, and the other runners
+// exit with 75 without running it. (Without --min-hold the short job is
+// done before the next runner looks, and runs up to three times a tick.)
+// The hold's end lies 1s from either tick, more than a loaded machine takes
+// to start a runner.
 func TestRunMinHoldOncePerTick(t *testing.T) {
 	t.Parallel()
 	srv := sharedRedis(t)
@@ -86,12 +87,13 @@ func TestRunMinHoldOncePerTick(t *testing.T) {
 	log := filepath.Join(t.TempDir(), "log")
 	binary(t) // built before the first tick
 	const ticks = 3
-	args := []string{"--addr", srv.addr(), "run", "--wait", "0", "--min-hold", "500ms", "--max-hold", "5s",
+	args := []string{"--addr", srv.addr(), "run", "--wait", "0", "--min-hold", "1s", "--max-hold", "5s",
 		name, "--", "sh", "-c", `echo "$TICK $$" >> "$LOG"`}
 	first := time.Now().Add(100 * time.Millisecond)
 	var procs [ticks][]*proc
 	for k := range ticks {
-		procs[k] = cronRunners(t, first, k, log, args...)
+		// Ticks 2s apart: tick k at first + 2k cronTick, named k.
+		procs[k] = cronRunners(t, first.Add(time.Duration(k)*cronTick), k, log, args...)
 	}
 	for k := range ticks {
 		statuses, ran := make([]int, len(procs[k])), 0

@@ -69,7 +69,7 @@ func TestRunSerialises(t *testing.T) {
 	script := `echo "start $$ $REMUTEX_FENCE" >> "$LOG"; sleep 0.2; echo "end $$" >> "$LOG"`
 	var procs []*proc
 	for range 3 {
-		procs = append(procs, start(t, cliEnv("LOG="+log), "", "--addr", srv.addr(), "run", "--lease", "2s", name, "--", "sh", "-c", script))
+		procs = append(procs, start(t, cliEnv("LOG="+log), "", "--addr", srv.addr(), "run", "--lease", "10s", name, "--", "sh", "-c", script))
 	}
 	for i, p := range procs {
 		if code := p.wait(30 * time.Second); code != 0 {
