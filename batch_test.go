@@ -469,7 +469,7 @@ func countOf(s []string, v string) int {
 // claim lease, and a lost hold ends a goroutine's rounds early.
 func TestBatchManyGoroutines(t *testing.T) {
 	const locks, rounds = 8, 8
-	eachBackend(t, func(t *testing.T, b *testBackend) {
+	eachBackendParallel(t, func(t *testing.T, b *testBackend) {
 		goroutines := 4
 		if !b.real() {
 			goroutines = 2
