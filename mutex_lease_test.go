@@ -424,7 +424,7 @@ func TestKilledHolderProcess(t *testing.T) {
 		k := keysOf(name)
 		ctx := context.Background()
 		rdb := b.rdb(t)
-		const lease = 500 * time.Millisecond
+		const lease = 1500 * time.Millisecond // the child keeps its hold until the waiter queues, on a busy machine too
 		child := startChildHolder(t, b.addr, name, lease)
 		childToken := childFence(t, child)
 
@@ -448,7 +448,7 @@ func TestPausedHolderProcess(t *testing.T) {
 		k := keysOf(name)
 		ctx := context.Background()
 		rdb := b.rdb(t)
-		const lease = 500 * time.Millisecond
+		const lease = 1500 * time.Millisecond // the child keeps its hold until the waiter queues, on a busy machine too
 		child := startChildHolder(t, b.addr, name, lease)
 		childToken := childFence(t, child)
 
