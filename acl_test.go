@@ -165,6 +165,7 @@ func TestLeastPrivilegeACL(t *testing.T) {
 // fencing, TryAcquire, a contended wait with its queue entry and the
 // hand-off message, releases, and Do.
 func TestLeastPrivilegeACLSemaphore(t *testing.T) {
+	t.Parallel()
 	srv, rdb := aclServer(t, lockUserACL...)
 	ctx := testCtx(t, hangGuard)
 	a, errs := clientWithErrors(t, rdb)
@@ -208,6 +209,7 @@ func TestLeastPrivilegeACLSemaphore(t *testing.T) {
 // TestCheckNamesWhatIsMissing: Check, run as users that lack one thing of
 // the documented ACL, names the command, key or channel they may not use.
 func TestCheckNamesWhatIsMissing(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name, without, replace, want string
 	}{
@@ -238,6 +240,7 @@ func TestCheckNamesWhatIsMissing(t *testing.T) {
 // TestCheck: Check passes on a plain server, reports an address where
 // nothing listens, and a maxmemory-policy that may evict lock keys.
 func TestCheck(t *testing.T) {
+	t.Parallel()
 	ctx := testCtx(t, hangGuard)
 	srv := redistest.Start(t)
 	if err := clientOn(t, rdbAt(t, srv.Addr())).Check(ctx); err != nil {

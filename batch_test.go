@@ -468,6 +468,8 @@ func countOf(s []string, v string) int {
 // many: there a loaded machine can delay a queue grant's renewal past its
 // claim lease, and a lost hold ends a goroutine's rounds early.
 func TestBatchManyGoroutines(t *testing.T) {
+	// Serial: 64 goroutines hammering keep a core busy, and each hand-off's
+	// 750ms claim must be met.
 	const locks, rounds = 8, 8
 	eachBackend(t, func(t *testing.T, b *testBackend) {
 		goroutines := 4

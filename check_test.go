@@ -133,6 +133,7 @@ func aclWith(without string, with ...string) []string {
 // set runs on the first server, the defaults on the others.)
 func TestCheckBoundedByContext(t *testing.T) {
 	skipShort(t, "a fault suite (paused servers)")
+	t.Parallel()
 	const bound = 500 * time.Millisecond
 	first := true
 	eachServer(t, func(t *testing.T, _ testedServer, srv *redistest.Server) {
@@ -192,6 +193,7 @@ func wantNoAnswer(err error, addr string) error {
 // which, on every server, although each words its refusal differently:
 // Check tells them apart by the reply's code, not by its text.
 func TestCheckTellsKeysFromScripts(t *testing.T) {
+	t.Parallel()
 	eachServer(t, func(t *testing.T, _ testedServer, srv *redistest.Server) {
 		for _, tc := range []struct {
 			name         string
@@ -220,6 +222,7 @@ func TestCheckTellsKeysFromScripts(t *testing.T) {
 // its locks work (by polling); one that also lacks a command gets one that
 // does not match it; the documented user gets nil.
 func TestCheckDegraded(t *testing.T) {
+	t.Parallel()
 	eachServer(t, func(t *testing.T, _ testedServer, srv *redistest.Server) {
 		ctx := testCtx(t, hangGuard)
 		if err := clientOn(t, lockUserOn(t, srv, lockUserACL...)).Check(ctx); err != nil {
@@ -310,6 +313,7 @@ func aclWith2(rules []string, without string) []string {
 // binary does, for the default user and for the documented lock user
 // (who may not run INFO), and Check passes on each.
 func TestCheckNamesServer(t *testing.T) {
+	t.Parallel()
 	eachServer(t, func(t *testing.T, ts testedServer, srv *redistest.Server) {
 		ctx := testCtx(t, hangGuard)
 		want := ServerInfo{Addr: srv.Addr(), Name: ts.name, Version: ts.version}
@@ -478,6 +482,7 @@ func readCommand(r *bufio.Reader) ([]string, error) {
 // for a server that is not Redis, an address where nothing listens, a
 // paused server, a degraded user, and the same as members of a quorum.
 func TestCheckSaysRemutexOnce(t *testing.T) {
+	t.Parallel()
 	ctx := testCtx(t, hangGuard)
 	http := fakeHTTP(t)
 	port, err := redistest.FreePort()

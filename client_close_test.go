@@ -226,6 +226,7 @@ func TestShutdownLetsHoldsFinish(t *testing.T) {
 // LockContext wait on an address that refuses connections (each call then
 // spends go-redis's dial retries), whatever the go-redis options.
 func TestCloseBounded(t *testing.T) {
+	t.Parallel()
 	eachRefusing(t, func(t *testing.T, rdb *redis.Client) {
 		// The Lock's goroutine is parked for good once the Client is closed
 		// (blockClosed), after a warning: the test awaits the warning, so

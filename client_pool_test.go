@@ -18,7 +18,7 @@ import (
 // another acquisition would write its own arguments into it. The call held
 // in flight must go out as it was built: on its own lock's key.
 func TestCutOffCallKeepsItsArguments(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *testBackend) {
+	eachBackendParallel(t, func(t *testing.T, b *testBackend) {
 		name := lockName(t)
 		rdb := b.rdb(t)
 		m := clientOn(t, rdb).NewMutex(name)

@@ -76,6 +76,7 @@ func stalls() map[string]func(t *testing.T) stalled {
 // TestDeadlinesHonoured runs the lock calls against each kind of stalled
 // Redis with each option set.
 func TestDeadlinesHonoured(t *testing.T) {
+	t.Parallel()
 	for kind, start := range stalls() {
 		for _, opts := range optionSets {
 			t.Run(kind+"/"+opts.name, func(t *testing.T) {
@@ -178,6 +179,7 @@ func wantDeadline(err error) error {
 // whose ContextTimeoutEnabled lets a shared pipeline's timer fire a moment
 // before TryLock's own: TryLock says false, every time, and never panics.
 func TestTryLockBesideStalledLockNeverPanics(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	rdb := newRDB(t, &redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
 	c := clientOn(t, rdb)

@@ -689,6 +689,7 @@ func observeChannel(t *testing.T, ps *redis.PubSub) <-chan *redis.Message {
 // TestFailoverSentinelKill kills the primary (SIGKILL) under load.
 func TestFailoverSentinelKill(t *testing.T) {
 	skipShort(t, "a failover")
+	t.Parallel()
 	eachAck(t, func(t *testing.T, ack bool) {
 		runFailover(t, &sentinelFailover{s: redistest.StartSentinel(t)}, ack)
 	})
@@ -699,6 +700,7 @@ func TestFailoverSentinelKill(t *testing.T) {
 // is the primary, until the sentinels make it a replica (some 8s later).
 func TestFailoverSentinelStalePrimary(t *testing.T) {
 	skipShort(t, "a failover")
+	t.Parallel()
 	eachAck(t, func(t *testing.T, ack bool) {
 		runFailover(t, &sentinelFailover{s: redistest.StartSentinel(t), pause: true}, ack)
 	})
@@ -778,6 +780,7 @@ func (d *clusterFailover) observe(t *testing.T, channel string) <-chan *redis.Me
 // slots in a cluster of three masters with a replica each.
 func TestFailoverCluster(t *testing.T) {
 	skipShort(t, "a failover")
+	t.Parallel()
 	eachAck(t, func(t *testing.T, ack bool) {
 		tc := redistest.StartCluster(t, 3, 1, "--cluster-node-timeout", strconv.FormatInt(clusterNodeTimeout.Milliseconds(), 10))
 		runFailover(t, &clusterFailover{tc: tc, master: tc.Masters[0]}, ack)

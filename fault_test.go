@@ -107,6 +107,7 @@ func faultUnlock(t testing.TB, g *faultGoroutine, m *DistMutex) error {
 // greater fence, and the register shows no overlap.
 func TestFaultHolderKilled(t *testing.T) {
 	skipShort(t, "a fault suite")
+	t.Parallel()
 	srv := redistest.Start(t)
 	reg := redistest.NewRegister(t)
 	name := lockName(t)
@@ -164,6 +165,7 @@ func TestFaultHolderKilled(t *testing.T) {
 // does not panic.
 func TestFaultHolderPaused(t *testing.T) {
 	skipShort(t, "a fault suite")
+	// Serial: Lost must close within a renewal interval (333ms) of the resume.
 	srv := redistest.Start(t)
 	reg := redistest.NewRegister(t)
 	name := lockName(t)
@@ -238,6 +240,7 @@ func TestFaultHolderPaused(t *testing.T) {
 // a waiter acquires only after that.
 func TestFaultRenewalBlackholed(t *testing.T) {
 	skipShort(t, "a fault suite")
+	// Serial: the loss must be declared within the drift margin (55ms) before the server's expiry.
 	const lease = 2 * time.Second
 	srv := redistest.Start(t)
 	reg := redistest.NewRegister(t)
@@ -327,6 +330,7 @@ func TestFaultRenewalBlackholed(t *testing.T) {
 // between.
 func TestFaultLateAcquireReply(t *testing.T) {
 	skipShort(t, "a fault suite")
+	t.Parallel()
 	const latency = 2 * faultLease
 	srv := redistest.Start(t)
 	reg := redistest.NewRegister(t)
@@ -596,6 +600,7 @@ func faultUnlockLost(t testing.TB, g *faultGoroutine, m *DistMutex) {
 // it, a new Client acquires, and fences keep rising.
 func TestFaultServerRestarted(t *testing.T) {
 	skipShort(t, "a fault suite")
+	t.Parallel()
 	srv := redistest.Start(t)
 	reg := redistest.NewRegister(t)
 	name := lockName(t)
@@ -633,6 +638,7 @@ func TestFaultServerRestarted(t *testing.T) {
 // waiter holds, and it alone.
 func TestFaultServerPaused(t *testing.T) {
 	skipShort(t, "a fault suite")
+	t.Parallel()
 	srv := redistest.Start(t)
 	reg := redistest.NewRegister(t)
 	name := lockName(t)
@@ -786,6 +792,7 @@ func TestFaultScriptFlush(t *testing.T) {
 // full, acquiring meets OOM, which comes back as an error at once.
 func TestFaultEviction(t *testing.T) {
 	skipShort(t, "a fault suite")
+	t.Parallel()
 	srv := redistest.Start(t, "--maxmemory", "4mb", "--maxmemory-policy", "volatile-lru")
 	name := lockName(t)
 	k := keysOf(name)
@@ -999,6 +1006,7 @@ func TestFaultACL(t *testing.T) {
 // that would block the lock, and no subscription once it lingered out.
 func TestFaultCancelWhileWaiting(t *testing.T) {
 	skipShort(t, "a fault suite")
+	t.Parallel()
 	srv := redistest.Start(t)
 	name := lockName(t)
 	k := keysOf(name)

@@ -111,6 +111,7 @@ func startFaultTLSServer(t testing.TB, ca *faultCA) string {
 // TestFaultTLS: on a TLS-only redis-server, locking, renewal and wake-ups
 // work; a client that trusts another CA gets an error at once, not a hang.
 func TestFaultTLS(t *testing.T) {
+	// Serial: PTTL, read after a renewal, must still be above 2/3 of a 1s lease.
 	ca := newFaultCA(t, "remutex test CA")
 	addr := startFaultTLSServer(t, ca)
 	opts := func(pool *x509.CertPool) *redis.Options {

@@ -274,6 +274,7 @@ func TestErrorHandlerGetsLockError(t *testing.T) {
 // where nothing listens logs one line for its retries, not one per retry;
 // the error handler hears each.
 func TestRetryWarningsRateLimited(t *testing.T) {
+	t.Parallel()
 	port, err := redistest.FreePort()
 	if err != nil {
 		t.Fatal(err)

@@ -74,6 +74,7 @@ func TestGrantGivenBackIsNotHeard(t *testing.T) {
 // relays each message) is handed the lock by the release, and holds it in
 // Redis: nobody else can take it while the waiter believes it holds.
 func TestClusterGrantHeardOnAnotherNode(t *testing.T) {
+	t.Parallel()
 	v := redistest.ServerVersion(t)
 	tc := redistest.StartCluster(t, 3, 0)
 	ctx := testCtx(t, hangGuard)

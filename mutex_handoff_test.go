@@ -206,7 +206,7 @@ func TestMessageBeforeWaiterRegistered(t *testing.T) {
 // send time the message names, not from the latest refresh. Taking it
 // would let two holders in.
 func TestStaleGrantOfAnEarlierEntryState(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *testBackend) {
+	eachBackendParallel(t, func(t *testing.T, b *testBackend) {
 		q := queueWaiter(t, b)
 		k, ctx, rdb, holder, wc, w, first := q.k, q.ctx, q.rdb, q.holder, q.wc, q.w, q.entry
 		// The grant of that entry state would have lapsed by now: wait out

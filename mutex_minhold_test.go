@@ -149,6 +149,7 @@ func TestMinHoldOptions(t *testing.T) {
 // runner then dies mid-job (it never unlocks, its fixed lease of 600ms is
 // the "at most"): the next tick after that bound runs the job again.
 func TestMinHoldOncePerTick(t *testing.T) {
+	// Serial: its runners' TryLocks must each land within their tick.
 	// Ticks of real time: a real server, whose keys expire in it.
 	b := &testBackend{name: "redis-server", srv: redistest.Shared(t)}
 	b.addr = b.srv.Addr()

@@ -18,6 +18,7 @@ import (
 // nil on the message would let f run a second time after a failover to the
 // replica.
 func TestOnceWaiterWaitsForReplicas(t *testing.T) {
+	t.Parallel()
 	settleDialers(t)
 	ctx := testCtx(t, hangGuard)
 	p := redistest.StartReplicaPair(t, true)
@@ -64,6 +65,7 @@ func TestOnceWaiterWaitsForReplicas(t *testing.T) {
 // it says ErrTooFewReplicas instead of nil, and a later Do, once the
 // replica hears again, finds the record.
 func TestOnceRunnerWaitsForReplicas(t *testing.T) {
+	t.Parallel()
 	settleDialers(t)
 	ctx := testCtx(t, hangGuard)
 	p := redistest.StartReplicaPair(t, true)

@@ -564,7 +564,7 @@ func awaitHeard(t testing.TB, onces []*DistOnce, sends []*acquireSends) {
 // chain of two round trips per waiter). After a failed run the next Do of
 // all its waiters at once runs f exactly once.
 func TestOnceWaitersTold(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *testBackend) {
+	eachBackendParallel(t, func(t *testing.T, b *testBackend) {
 		for _, fail := range []bool{false, true} {
 			t.Run(map[bool]string{false: "done", true: "failed"}[fail], func(t *testing.T) {
 				const waiters = 4

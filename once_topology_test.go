@@ -22,6 +22,7 @@ import (
 // slot on that master: the done record and the fence counter, nothing else.
 func TestOnceCluster(t *testing.T) {
 	redistest.RequireShardedPubSub(t)
+	t.Parallel()
 	tc := redistest.StartCluster(t, 3, 0)
 	for _, name := range []string{"a", "{user1}:migrate", "a{b}c"} {
 		t.Run(name, func(t *testing.T) {
@@ -57,6 +58,7 @@ func TestOnceCluster(t *testing.T) {
 // TestOnceReplicaAck: with WithReplicaAck(1, ...) a run and its waiter work
 // as on a single server, and the done record reaches the replica.
 func TestOnceReplicaAck(t *testing.T) {
+	t.Parallel()
 	p := redistest.StartReplicaPair(t, false)
 	name := lockName(t)
 	ctx := testCtx(t, hangGuard)

@@ -15,6 +15,7 @@ import (
 // every node of the cluster relays: an observer subscribed on a master that
 // does not serve the lock gets the message.
 func TestClusterReleaseMessages(t *testing.T) {
+	t.Parallel()
 	v := redistest.ServerVersion(t)
 	tc := redistest.StartCluster(t, 3, 0)
 	ctx := testCtx(t, hangGuard)

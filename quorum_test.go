@@ -33,6 +33,7 @@ func quorumSizes(t *testing.T, f func(t *testing.T, n int)) {
 }
 
 func TestQuorumExclusion(t *testing.T) {
+	t.Parallel()
 	quorumSizes(t, func(t *testing.T, n int) {
 		const clients, goroutines, rounds = 3, 2, 6
 		srvs := redistest.StartServers(t, n)
@@ -132,6 +133,7 @@ func (q *pausedQuorum) resume(t *testing.T) {
 // it when the first unlocks, with a higher fence. None of it may wait for a
 // paused server.
 func TestQuorumPausedServer(t *testing.T) {
+	t.Parallel()
 	quorumSizes(t, func(t *testing.T, n int) {
 		q := startPausedQuorum(t, n)
 		name := lockName(t)
@@ -179,6 +181,7 @@ func TestQuorumPausedServer(t *testing.T) {
 // is paused: UnlockContext returns once the others released, without
 // waiting for the paused servers (their calls finish in the background).
 func TestQuorumUnlockWithPausedServer(t *testing.T) {
+	t.Parallel()
 	quorumSizes(t, func(t *testing.T, n int) {
 		q := &pausedQuorum{srvs: redistest.StartServers(t, n)}
 		l := lockAsync(t, q.client(t).NewMutex(lockName(t)), nil, "")
@@ -202,6 +205,7 @@ func TestQuorumUnlockWithPausedServer(t *testing.T) {
 // holder's lease), so it runs the acquire script a handful of times, not
 // once per round trip for as long as it waits.
 func TestQuorumWaiterDoesNotPoll(t *testing.T) {
+	t.Parallel()
 	const hold = 300 * time.Millisecond
 	srvs := redistest.StartServers(t, 3)
 	name := lockName(t)
@@ -321,6 +325,7 @@ func TestQuorumReentrancyAndWatchdog(t *testing.T) {
 // fence counters are reseeded from their clocks), and fences keep increasing
 // across it all.
 func TestQuorumRestartedServers(t *testing.T) {
+	t.Parallel()
 	quorumSizes(t, func(t *testing.T, n int) {
 		settleDialers(t)
 		ctx := testCtx(t, hangGuard)
@@ -378,6 +383,7 @@ func TestQuorumRestartedServers(t *testing.T) {
 // empty: a second Client gets the lock while the first still holds it (until
 // the first's next renewal finds it gone, a third of a lease later).
 func TestQuorumRestartCaveat(t *testing.T) {
+	t.Parallel()
 	settleDialers(t)
 	ctx := testCtx(t, hangGuard)
 	srvs := redistest.StartServers(t, 3)

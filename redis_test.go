@@ -46,10 +46,10 @@ func TestMain(m *testing.M) {
 }
 
 // parallelTests is how many of the package's parallel tests run at once
-// unless -parallel says otherwise (see redistest.DefaultParallel): the
-// package uses about a third of a core, its parallel tests waiting on
+// unless -parallel says otherwise (see redistest.DefaultParallel): eight
+// keep the package under one core of two, its parallel tests waiting on
 // leases, failovers and servers of their own.
-const parallelTests = 4
+const parallelTests = 8
 
 // testBackend is one Redis to run a behaviour test on.
 type testBackend struct {

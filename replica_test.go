@@ -33,6 +33,7 @@ func promote(t *testing.T, srv *redistest.Server) {
 }
 
 func TestReplicaAckSurvivesFailover(t *testing.T) {
+	t.Parallel()
 	// Long enough that the failover and the checks after it, slow on a
 	// busy machine, end well inside the first hold's lease.
 	const lease = 4 * time.Second
@@ -135,6 +136,7 @@ func TestReplicaFailoverWithoutAck(t *testing.T) {
 // key of the lock is left on either server; Lock keeps retrying (reporting
 // each shortfall) until its context ends.
 func TestReplicaAckShortfall(t *testing.T) {
+	t.Parallel()
 	ctx := testCtx(t, hangGuard)
 	p := redistest.StartReplicaPair(t, false)
 	name := lockName(t)

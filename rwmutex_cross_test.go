@@ -584,7 +584,7 @@ func rwContent(t testing.TB, rdb *redis.Client, key string) []string {
 // a sixth of the lease; on a slow machine they may take two.) On miniredis,
 // whose scripts are slow (see TestHammer), 250 holds.
 func TestRWMutexWatchdogBatchesReadHolds(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *testBackend) {
+	eachBackendParallel(t, func(t *testing.T, b *testBackend) {
 		const lease = 9 * time.Second // renewed every 3s
 		holds := 1000
 		if !b.real() {

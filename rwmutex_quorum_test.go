@@ -9,6 +9,7 @@ import (
 // TestRWMutexQuorum: on a quorum of three servers, readers and writers of
 // three Clients exclude each other: the basic exchange, then sync's hammer.
 func TestRWMutexQuorum(t *testing.T) {
+	t.Parallel()
 	srvs := redistest.StartServers(t, 3)
 	name := lockName(t)
 	var cs []*Client

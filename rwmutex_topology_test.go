@@ -64,6 +64,7 @@ func checkRWExclusion(t *testing.T, rws []*DistRWMutex, step func(string)) {
 // of a primary that has one, reads and writes are refused with
 // ErrTooFewReplicas and leave no hold.
 func TestRWMutexReplicaAck(t *testing.T) {
+	t.Parallel()
 	p := redistest.StartReplicaPair(t, false)
 	name := lockName(t)
 	k := rwKeysOf(name)

@@ -48,6 +48,7 @@ func TestRWWaitReplyAtLeaseEnd(t *testing.T) {
 // eight some 250ms late, so a few late rounds (a loaded machine) pass and
 // many fail.
 func TestRWWakeAtLeaseEnd(t *testing.T) {
+	// Serial: waiters must wake within 150ms of a 50ms lease's end.
 	srv := redistest.Shared(t)
 	name := lockName(t)
 	const lease, rounds, lateAfter, tolerated = 50 * time.Millisecond, 40, 150 * time.Millisecond, 3

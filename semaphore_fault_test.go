@@ -154,7 +154,7 @@ func (h *semHammer) loop(ctx context.Context, s *DistSemaphore) error {
 // child process take 1 or 2 of 3 permits, over and over; a counter in Redis
 // that each increments inside never exceeds 3.
 func TestSemaphoreHammerAcrossProcesses(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *testBackend) {
+	eachBackendParallel(t, func(t *testing.T, b *testBackend) {
 		const size, goroutines, rounds = 3, 2, 12
 		name := lockName(t)
 		counter := name + ".inside"
@@ -183,8 +183,9 @@ func TestSemaphoreHammerAcrossProcesses(t *testing.T) {
 // several of its leases. Once the process is SIGKILLed, its holding ends
 // with its lease, long before the key would, and the waiter gets in.
 func TestSemaphoreKilledHolder(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *testBackend) {
-		const lease, long = 600 * time.Millisecond, time.Minute
+	eachBackendParallel(t, func(t *testing.T, b *testBackend) {
+		// The holder process's renewals keep its hold on a busy machine.
+		const lease, long = 1500 * time.Millisecond, time.Minute
 		name := lockName(t)
 		rdb := b.rdb(t)
 		ctx := testCtx(t, 2*hangGuard)
@@ -215,6 +216,7 @@ func TestSemaphoreKilledHolder(t *testing.T) {
 // Release of the lost permits does not panic and ReleaseContext reports
 // ErrLockLost; new acquisitions work, with fences above the old ones.
 func TestSemaphoreServerRestarted(t *testing.T) {
+	t.Parallel()
 	eachFreshBackend(t, func(t *testing.T, b *testBackend) {
 		name := lockName(t)
 		c, errs := clientWithErrors(t, b.rdb(t))
@@ -248,6 +250,7 @@ func TestSemaphoreServerRestarted(t *testing.T) {
 // TryAcquire false, and the holder declares its holding lost; once it
 // resumes, a waiter of another Client gets the permit.
 func TestSemaphoreServerPaused(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	b := &testBackend{name: "redis-server", addr: srv.Addr(), srv: srv}
 	name := lockName(t)

@@ -25,6 +25,7 @@ import (
 // the permits when they are released; then a hammer of three Clients never
 // lets more than the size in.
 func TestSemaphoreCluster(t *testing.T) {
+	t.Parallel()
 	tc := redistest.StartCluster(t, 3, 0)
 	for _, name := range []string{"a", "{user1}:cart", "a{b}c"} {
 		t.Run(name, func(t *testing.T) { testClusterSemaphoreKeys(t, tc, name) })
@@ -80,6 +81,7 @@ func testClusterSemaphoreKeys(t *testing.T, tc *redistest.Cluster, name string) 
 // Acquire retries until its context ends (the error is transient); none
 // leaves a holding.
 func TestSemaphoreReplicaAck(t *testing.T) {
+	t.Parallel()
 	p := redistest.StartReplicaPair(t, false)
 	name := lockName(t)
 	k := semKeysOf(name)
