@@ -339,8 +339,10 @@ func TestClusterSlotMigration(t *testing.T) {
 	c := clientOn(t, slowViewClient(t, tc, &slowView), WithKeyPrefix(prefix))
 	name2 := nameInSlot(t, prefix, slot)
 	mc2 := c.NewMutex(name2)
-	if !mc2.TryLock() { // loads the third Client's view of the slots
-		t.Fatalf("TryLock(%q): got false, want true", name2)
+	// Loads the third Client's view of the slots (not TryLock, whose 300ms
+	// a busy machine can outlast).
+	if ok, err := mc2.TryLockContext(ctx); !ok {
+		t.Fatalf("TryLockContext(%q): got (false, %v), want true", name2, err)
 	}
 	mc2.Unlock()
 

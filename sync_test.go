@@ -51,8 +51,15 @@ func TestSyncMutex(t *testing.T) {
 		for i := 0; i < goroutines; i++ {
 			go hammerMutex(ms[i%2], loops, &inside, &overlaps, done)
 		}
+		// Each of its hand-offs waits on scheduling: beside busy processes
+		// the hammer takes over ten times as long as on a quiet machine.
+		guard := time.After(2 * hangGuard)
 		for i := 0; i < goroutines; i++ {
-			await(t, done, "a hammering goroutine to finish")
+			select {
+			case <-done:
+			case <-guard:
+				t.Fatalf("%d of %d hammering goroutines unfinished after %v", goroutines-i, goroutines, 2*hangGuard)
+			}
 		}
 		assert.Zero(t, overlaps.Load(), "holders that found another inside")
 	})
