@@ -191,7 +191,7 @@ func testClusterWaitersWoken(t *testing.T, tc *redistest.Cluster) {
 // short lease for more than three leases: the watchdog renews every one of
 // them on its own master, and none is lost.
 func testClusterWatchdog(t *testing.T, tc *redistest.Cluster) {
-	const lease = time.Second
+	const lease = 2 * time.Second // renewed every 667ms: a busy machine's stalls stay inside it
 	ctx := testCtx(t, hangGuard)
 	prefix := topoPrefix(t)
 	c := clientOn(t, tc.Client(t), WithKeyPrefix(prefix))
@@ -240,7 +240,7 @@ func testClusterWatchdog(t *testing.T, tc *redistest.Cluster) {
 // master: when LockContext returns, the master's replica has the hold, and
 // renewals that wait for the replica keep it past three leases.
 func testClusterReplicaAck(t *testing.T, tc *redistest.Cluster) {
-	const lease = time.Second
+	const lease = 2 * time.Second // as testClusterWatchdog's
 	ctx := testCtx(t, hangGuard)
 	prefix := topoPrefix(t)
 	c := clientOn(t, tc.Client(t), WithKeyPrefix(prefix), WithReplicaAck(1, time.Second))
