@@ -82,6 +82,9 @@ func newNode(cfg Config, rdb redis.UniversalClient, handoff bool) *node {
 	n.batch.n = n
 	n.batch.stopped, n.batch.stop = context.WithCancel(context.Background())
 	n.dials = watchDials(rdb)
+	if cc, ok := rdb.(*redis.ClusterClient); ok {
+		n.askSharded(cc)
+	}
 	return n
 }
 

@@ -2,6 +2,8 @@ package transport
 
 import (
 	"context"
+	"errors"
+	"net"
 	"strconv"
 	"strings"
 	"time"
@@ -129,14 +131,15 @@ func (s *subscriber) follow(conn *psConn, chans []string) {
 }
 
 // sharded reports whether release messages use sharded pub/sub: on a
-// ClusterClient whose servers know SPUBLISH (Redis 7 or later). It is
-// decided with the Client's first lock operation, by a job of the batcher
+// ClusterClient whose servers know SPUBLISH (Redis 7 or later). The Client
+// asks as it is made (see askSharded), so that its first release need not;
+// until it is decided, and where it cannot be told, classic pub/sub. An
+// operation that finds it undecided asks again, by a job of the batcher
 // (so that a server that does not answer holds up no caller past its
-// context); until then, and where it cannot be told, classic pub/sub. A
-// question that the caller's context cut short decides nothing: the next
-// operation asks again (a TryLock's short bound on a busy machine would
-// otherwise leave the Client on classic pub/sub for good, where a Client
-// on sharded pub/sub would not hear its messages).
+// context). A question that a context or a timeout cut short decides
+// nothing: a TryLock's short bound, or an Unlock's, on a busy machine
+// would otherwise leave the Client on classic pub/sub for good, where a
+// Client on sharded pub/sub would not hear its messages.
 func (n *node) sharded(ctx context.Context) bool {
 	if n.decided.Load() {
 		return n.shardPub.Load()
@@ -153,12 +156,28 @@ func (n *node) sharded(ctx context.Context) bool {
 	return n.shardPub.Load()
 }
 
+// askBound bounds the question a cluster Client asks as it is made.
+const askBound = 5 * time.Second
+
+// askSharded posts the question of sharded pub/sub to the drainer, on no
+// caller's time: a Client's first release (an Unlock has at most
+// UnlockTimeout, part of it spent) then finds it decided.
+func (n *node) askSharded(cc *redis.ClusterClient) {
+	_ = n.batch.job(PostCtx(context.Background(), askBound), func(ctx context.Context) {
+		if !n.decided.Load() {
+			n.decideSharded(ctx, cc)
+		}
+	})
+}
+
 // decideSharded asks COMMAND INFO, which any ACL user with @connection may
-// run, whether the cluster knows SPUBLISH. Any answer, or an error that is
-// not ctx's end, decides.
+// run, whether the cluster knows SPUBLISH. An answer decides; so does an
+// error that is neither ctx's end nor a timeout (a refusal, or a reply
+// error such as an ACL's), as classic pub/sub.
 func (n *node) decideSharded(ctx context.Context, cc *redis.ClusterClient) {
 	v, err := cc.Do(ctx, "command", "info", "spublish").Slice()
-	if err != nil && ctx.Err() != nil {
+	var ne net.Error
+	if err != nil && (ctx.Err() != nil || errors.As(err, &ne) && ne.Timeout()) {
 		return
 	}
 	defer n.decided.Store(true)

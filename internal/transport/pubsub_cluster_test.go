@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/remutex/remutex/internal/redistest"
 )
 
 // quietListener is a Listener that hears nothing.
@@ -73,6 +74,32 @@ func TestShardedUndecidedByCallersDeadline(t *testing.T) {
 	}
 	if !refused.decided.Load() {
 		t.Fatal("a cluster that refused the question left it undecided, to be asked by every operation")
+	}
+}
+
+// TestShardedAskedAsMade: a cluster Client asks whether the cluster has
+// sharded pub/sub as it is made, before any operation. (A Client whose
+// first call to need the answer was a release asked on the release's time,
+// at most UnlockTimeout with part of it spent: on a busy machine the
+// question could be cut short and that release's message go out on
+// classic pub/sub, which a waiter listening on sharded pub/sub does not
+// hear; it took the lock at its next refresh, a third of a lease later.)
+func TestShardedAskedAsMade(t *testing.T) {
+	v := redistest.ServerVersion(t)
+	tc := redistest.StartCluster(t, 3, 0)
+	cc := tc.Client(t)
+	l := quietListener{done: make(chan struct{})}
+	n := newNode(Config{Log: slog.New(slog.DiscardHandler), Listener: l}, cc, true)
+	t.Cleanup(func() {
+		n.Close(time.Now().Add(time.Second))
+		close(l.done)
+	})
+	waitIdle(t, n)
+	if !n.decided.Load() {
+		t.Fatal("a cluster Client that nobody used: undecided whether the cluster has sharded pub/sub, want decided as it was made")
+	}
+	if got, want := n.shardPub.Load(), v.ShardedPubSub(); got != want {
+		t.Fatalf("sharded pub/sub on %v: got %v, want %v", v, got, want)
 	}
 }
 
