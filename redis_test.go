@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -216,8 +217,19 @@ func (b *testBackend) restart(t testing.TB) {
 	}
 	b.mr.Close()
 	b.mr.FlushAll()
-	if err := b.mr.Restart(); err != nil {
-		t.Fatal(err)
+	// The port may be taken meanwhile, for a while: a port of the system's
+	// ephemeral range, which a Client's redial to it, finding nothing
+	// listening, can take as its own end (TCP connects to itself).
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		err := b.mr.Restart()
+		if err == nil {
+			return
+		}
+		if !errors.Is(err, syscall.EADDRINUSE) || time.Now().After(deadline) {
+			t.Fatal(err)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 

@@ -129,6 +129,13 @@ func (r *rig) count(k remutex.EventKind) int {
 
 // lastWaiting returns when the latest EventWaiting came: after its wait
 // began.
+// grantCount is the number of acquisitions by grant so far.
+func (r *rig) grantCount() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.grants
+}
+
 func (r *rig) lastWaiting() time.Time {
 	r.mu.Lock()
 	defer r.mu.Unlock()

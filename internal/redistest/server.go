@@ -325,8 +325,11 @@ func (s *Server) running() bool {
 func (s *Server) Restart(t testing.TB) {
 	t.Helper()
 	s.Stop()
+	// The port may linger briefly, or be taken for a while: a port of the
+	// system's ephemeral range, which a client's redial to it, finding
+	// nothing listening, can take as its own end (TCP connects to itself).
 	var err error
-	for try := 0; try < 50; try++ { // the port may linger briefly
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
 		if err = s.start(); err == nil {
 			return
 		}
