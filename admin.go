@@ -26,7 +26,9 @@ type LockInfo struct {
 	Key string
 	// Kind is the kind of lock: "mutex" (a DistMutex), "rwmutex" (a
 	// DistRWMutex), "semaphore" (a DistSemaphore), "once" (a DistOnce's
-	// run: its Holders run it, its Waiters wait for it), or "" when nothing of any
+	// run: its Holders run it, its Waiters wait for it), "election" (a
+	// DistElection's term: its Holders lead, its Waiters are the
+	// candidates), or "" when nothing of any
 	// kind is under the name: no holder, no waiter, no fence counter, no
 	// semaphore size, no listening Client.
 	Kind string
@@ -218,6 +220,7 @@ var adminSides = [len(transport.AdminKinds)]func(read bool) *kind{
 	},
 	func(bool) *kind { return semKind },
 	func(bool) *kind { return onceKind },
+	func(bool) *kind { return electKind },
 }
 
 // adminTarget is every kind of lock called name: what Inspect reads and

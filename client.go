@@ -56,6 +56,8 @@ type Client struct {
 
 	wd watchdog
 
+	observers observers // DistElection.Observe's, by channel
+
 	// contended are the times until which locks count as contended (see
 	// quick), shared by every DistMutex of the Client and indexed by a hash
 	// of the lock's name: two names that share a slot only send the full

@@ -32,6 +32,7 @@ func (l *listener) Done() <-chan struct{}            { return l.closing }
 func (c *Client) dispatch(channel, payload string) {
 	key, ok := strings.CutSuffix(channel, wire.ReleasedInfix+c.id)
 	if !ok {
+		c.observers.tell(channel, payload) // an election's changes
 		return
 	}
 	msg, ok := wire.ParseMessage(payload)
@@ -94,6 +95,7 @@ next:
 
 // wakeAll makes every waiter of the Client look again.
 func (c *Client) wakeAll() {
+	c.observers.wakeAll()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, st := range c.locks {

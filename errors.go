@@ -64,8 +64,9 @@ type WrongTypeError struct {
 	// for a fence counter (P{N}:fence) or a semaphore's size (P{N}:sem:size)
 	// that holds a string that is not an integer; "foreign-field" for a
 	// semaphore's holders hash (P{N}:sem) with a field that is no holding;
-	// "foreign-record" for a once's record (P{N}:once:done or :err) that
-	// holds a string remutex did not write.
+	// "foreign-record" for a once's record (P{N}:once:done or :err), or an
+	// election's (P{N}:elect:leader), that holds a string remutex did not
+	// write.
 	Type string
 }
 
@@ -80,7 +81,11 @@ func (e *WrongTypeError) Error() string {
 	case foreignField:
 		return fmt.Sprintf("remutex: key %q holds a field that is not a remutex semaphore holding", e.Key)
 	case foreignRecord:
-		return fmt.Sprintf("remutex: key %q holds a string that is not a remutex once record", e.Key)
+		what := "once"
+		if strings.HasSuffix(e.Key, ":elect:leader") {
+			what = "election"
+		}
+		return fmt.Sprintf("remutex: key %q holds a string that is not a remutex %s record", e.Key, what)
 	}
 	return fmt.Sprintf("remutex: key %q holds a %s, not a remutex lock", e.Key, e.Type)
 }

@@ -61,6 +61,8 @@ func runChild(role string) int {
 		return semRole(cfg)
 	case "once":
 		return onceRole(cfg)
+	case "elect":
+		return electRole(cfg)
 	}
 	redistest.Emit("fatal", "unknown-role", role)
 	return 2

@@ -69,6 +69,15 @@ var (
 		oneDeployment: "a quorum Client cannot keep \"done\" exact (its servers may lose their data " +
 			"unpersisted, and a majority that read past the server that kept the record would run f again): " +
 			"use a Client of one deployment"}
+	// A DistElection's term is a mutex's hold on keys of its own, always
+	// fenced (the token is the term); elect.lua publishes its value. It has
+	// no quick cycle: its release is release.lua's, which hands the term to
+	// the next candidate in the same call (the quick release would find the
+	// queue, then call wake.lua: a second round trip before the hand-over).
+	electKind = &kind{keysOf: wire.ElectKeys, scripts: mutexScripts, flag: "0", fencedFlag: "1",
+		unheld: "remutex: Resign of an election not led",
+		oneDeployment: "a quorum Client cannot keep a leader's published value in order (each server keeps " +
+			"its own record and log, and a majority's view of them has no order): use a Client of one deployment"}
 )
 
 // refuseQuorum panics, for New<fn>, if c cannot keep a lock of kind k.

@@ -17,6 +17,7 @@ var (
 	semScripts   = newScriptSet(transport.SemScripts)
 	onceScripts  = newScriptSet(transport.OnceScripts)
 	onceScript   = transport.OnceScript
+	electScript  = transport.ElectScript
 )
 
 // luaScript is a script boxed for calls.

@@ -32,6 +32,9 @@ var AdminKinds = [...]AdminKind{
 	// A DistOnce's lock (its runner and waiters; its records are read by
 	// Client.InspectOnce).
 	{Name: "once", Keys: wire.OnceLockKeys, Roles: "hfq"},
+	// A DistElection's lock (its leader and candidates; its record is read
+	// by DistElection.Leader).
+	{Name: "election", Keys: wire.ElectLockKeys, Roles: "hfq"},
 }
 
 // adminRoles is inspect.lua's ARGV[1]: the roles of every kind's keys.

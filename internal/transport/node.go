@@ -458,6 +458,9 @@ func (n *node) Acked() bool       { return n.ack.replicas > 0 }
 func (n *node) Exact() bool       { return true }
 
 func (n *node) Script(ctx context.Context, s *Spec, sc *Script, args ...interface{}) (interface{}, error) {
+	if sc.Pub {
+		args = append(args[:len(args):len(args)], n.pub(ctx))
+	}
 	return n.eval(ctx, s, sc, args...)
 }
 

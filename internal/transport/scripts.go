@@ -34,6 +34,10 @@ var (
 	// run's outcome; OnceScript reads and deletes the records.
 	OnceScripts = Scripts{MutexScripts.Acquire, load("once_release"), MutexScripts.Leave}
 	OnceScript  = load("once")
+	// A DistElection's lock is a DistMutex's on keys of its own;
+	// ElectScript publishes and reads its leader (the publish command
+	// appended: see Script.Pub).
+	ElectScript = loadPub("elect")
 )
 
 // Scripts are what a lock's holds and waiters run: acquire (or queue),
@@ -47,6 +51,9 @@ type Scripts struct {
 type Script struct {
 	Src, SHA interface{}
 	hash     string
+	// Pub: Backend.Script appends the node's publish command to its
+	// arguments (see queue.lua), as the lock scripts' calls do.
+	Pub bool
 }
 
 // load returns the script name of internal/scripts with its includes
@@ -54,6 +61,13 @@ type Script struct {
 func load(name string) *Script {
 	sc := NewScript(scripts.Source(name))
 	all = append(all, sc)
+	return sc
+}
+
+// loadPub is load for a script that publishes (see Script.Pub).
+func loadPub(name string) *Script {
+	sc := load(name)
+	sc.Pub = true
 	return sc
 }
 

@@ -78,3 +78,21 @@ func Slot(key string) int {
 	}
 	return int(crc) % 16384
 }
+
+// ElectKeys are a DistElection's keys: its leader's hold P{name}:elect (and
+// that lock's fence counter, whose tokens are the terms, and its queue of
+// candidates), the record of the published leader P{name}:elect:leader and
+// the log of records P{name}:elect:log (a stream). The channel on which every
+// change is published is ElectChannel of the first.
+func ElectKeys(prefix, name string) []string {
+	base := prefix + "{" + name + "}:elect"
+	return append(keysFrom(base), base+":leader", base+":log")
+}
+
+// ElectLockKeys are the keys of an election's lock alone (see ElectKeys).
+func ElectLockKeys(prefix, name string) []string { return ElectKeys(prefix, name)[:3] }
+
+// ElectChannel is the channel on which a DistElection's changes are
+// published, for the election whose hold is at hash (ElectKeys' first):
+// <hash>:changed.
+func ElectChannel(hash string) string { return hash + ":changed" }

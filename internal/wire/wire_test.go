@@ -19,6 +19,8 @@ func TestKeys(t *testing.T) {
 		{"SemKeys", SemKeys("p:", "gpu"), []string{"p:{gpu}:sem", "p:{gpu}:sem:fence", "p:{gpu}:sem:waiting", "p:{gpu}:sem:size"}},
 		{"OnceKeys", OnceKeys("p:", "m"), []string{"p:{m}:once", "p:{m}:once:fence", "p:{m}:once:waiting", "p:{m}:once:done", "p:{m}:once:err"}},
 		{"OnceLockKeys", OnceLockKeys("p:", "m"), []string{"p:{m}:once", "p:{m}:once:fence", "p:{m}:once:waiting"}},
+		{"ElectKeys", ElectKeys("p:", "ldr"), []string{"p:{ldr}:elect", "p:{ldr}:elect:fence", "p:{ldr}:elect:waiting", "p:{ldr}:elect:leader", "p:{ldr}:elect:log"}},
+		{"ElectChannel", []string{ElectChannel("p:{ldr}:elect")}, []string{"p:{ldr}:elect:changed"}},
 	} {
 		if !slices.Equal(tc.got, tc.want) {
 			t.Errorf("%s: got %q, want %q", tc.what, tc.got, tc.want)

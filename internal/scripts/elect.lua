@@ -1,0 +1,119 @@
+-- elect: a DistElection's published leader. The leader's hold is a mutex's
+-- (acquire.lua, release.lua, leave.lua on the election's own keys); this
+-- script writes and reads what it publishes: the record and the log.
+--
+-- KEYS = hash (the leader's hold), fence counter (its tokens are the
+-- terms), queue (see acquire.lua), record (a string, kept without expiry),
+-- log (a stream of records, trimmed to about 64, kept without expiry).
+-- ARGV[1] is the operation:
+--   'p', owner, term, value, channel, publish command: publish value as the
+--     leader's. Only the holder publishes: a missing owner field answers 0
+--     (not the leader, or the term ended). Else the record
+--     '<term>-<n> <since ms> <owner> <value>' (n the term's n'th
+--     publication, since the server's clock at its first) is stored, logged
+--     under the ID <term>-<n>, and published as '<previous ID> <record>' on
+--     the channel; answers its ID. The same owner and value again (a resend)
+--     answer the record's ID and write nothing. A later term in the record
+--     or the log answers 0: this one is over.
+--   'l': {1 if the record's owner holds the hash else 0, record or false}.
+--   'r', ID: the records logged after ID, oldest first (at most 256).
+-- A key of another type is an error reply naming it; nothing is written.
+-- Invariant: the record is the log's last entry, and IDs only rise, so no
+-- reader of the log goes back a term.
+local hash, rec_key, log = KEYS[1], KEYS[4], KEYS[5]
+local op = ARGV[1]
+
+local function wrong(key)
+  local t = redis.call('type', key)
+  if type(t) == 'table' then t = t['ok'] end
+  return redis.error_reply('WRONGTYPE remutex ' .. t .. ' ' .. key)
+end
+
+local rec = redis.pcall('get', rec_key)
+if type(rec) == 'table' then return wrong(rec_key) end
+
+if op == 'r' then
+  local t, n = string.match(ARGV[2], '^(%d+)%-(%d+)$')
+  local from = t .. '-' .. string.format('%d', tonumber(n) + 1)
+  local entries = redis.pcall('xrange', log, from, '+', 'COUNT', 256)
+  if entries['err'] then
+    if redis.call('exists', log) == 1 then return wrong(log) end
+    return {}
+  end
+  local out = {}
+  for i, e in ipairs(entries) do out[i] = e[2][2] end
+  return out
+end
+
+local function holds(owner)
+  local held = redis.pcall('hexists', hash, owner)
+  if type(held) == 'table' then return nil end
+  return held == 1
+end
+
+if op == 'l' then
+  if not rec then return {0, false} end
+  local owner = string.match(rec, '^%d+%-%d+ %d+ (%S+) ')
+  if not owner then return {0, rec} end
+  local held = holds(owner)
+  if held == nil then return wrong(hash) end
+  if held then return {1, rec} end
+  return {0, rec}
+end
+
+-- 'p'
+local owner, term, value, channel = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local held = holds(owner)
+if held == nil then return wrong(hash) end
+if not held then return 0 end
+local n, since, prev = 1, nil, '0-0'
+if rec then
+  local pt, pn, ps, po, pv = string.match(rec, '^(%d+)%-(%d+) (%d+) (%S+) (.*)$')
+  if not pt then
+    -- A string this script did not write: name it, keep it.
+    return redis.error_reply('WRONGTYPE remutex foreign-record ' .. rec_key)
+  end
+  prev = pt .. '-' .. pn
+  local a, b = tonumber(pt), tonumber(term)
+  if a > b then return 0 end
+  if a == b then
+    if po == owner and pv == value then return prev end
+    n, since = tonumber(pn) + 1, ps
+  end
+end
+if not since then
+  local t = redis.call('time')
+  since = t[1] .. string.format('%03d', math.floor(tonumber(t[2]) / 1000))
+end
+local id = term .. '-' .. string.format('%d', n)
+local record = id .. ' ' .. since .. ' ' .. owner .. ' ' .. value
+local added = redis.pcall('xadd', log, 'MAXLEN', '~', '64', id, 'r', record)
+if type(added) == 'table' and added['err'] then
+  local t = redis.call('type', log)
+  if type(t) == 'table' then t = t['ok'] end
+  if t ~= 'stream' then
+    if t == 'none' then return added end
+    return wrong(log)
+  end
+  -- The log went past the record (the record was deleted): go on from
+  -- the log's last entry.
+  local top = redis.call('xrevrange', log, '+', '-', 'COUNT', 1)[1]
+  if not top then return added end
+  local last = top[1]
+  local lt, ln = string.match(last, '^(%d+)%-(%d+)$')
+  if tonumber(lt) > tonumber(term) then return 0 end
+  prev, n = last, 1
+  if tonumber(lt) == tonumber(term) then n = tonumber(ln) + 1 end
+  id = term .. '-' .. string.format('%d', n)
+  record = id .. ' ' .. since .. ' ' .. owner .. ' ' .. value
+  redis.call('xadd', log, 'MAXLEN', '~', '64', id, 'r', record)
+end
+redis.call('set', rec_key, record)
+local msg = prev .. ' ' .. record
+local pub = ARGV[#ARGV]
+if pub == 'spublish' or pub == 'SPUBLISH' then
+  redis.pcall('spublish', channel, msg)
+else
+  redis.pcall('publish', channel, msg)
+end
+return id
