@@ -8,6 +8,7 @@ package remutex
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -184,6 +185,52 @@ func TestElectionObserveCost(t *testing.T) {
 		}
 		_, after := log.counts()
 		assert.Equal(t, before, after, "the observer's commands during %d changes", changes)
+		require.NoError(t, e.Resign(ctx))
+	})
+}
+
+// TestElectionObserveRestart: Redis restarts empty (no persistence): the
+// leader's term is lost, and an observer that saw it sees the next leader,
+// whose term is higher (the counter re-seeded from the server's clock),
+// though the log it read before is gone.
+func TestElectionObserveRestart(t *testing.T) {
+	eachFreshBackend(t, func(t *testing.T, b *testBackend) {
+		ctx := testCtx(t, hangGuard)
+		name := lockName(t)
+		ch, _ := observeAsync(t, b.client(t).NewElection(name))
+		first := b.client(t).NewElection(name, WithLease(600*time.Millisecond))
+		require.NoError(t, first.Campaign(ctx, "before"))
+		before := next(t, ch, "the leader before the restart")
+		assert.Equal(t, "before", before.Value)
+
+		b.restart(t)
+		await(t, first.Lost(), "the term lost with the restart")
+		second := b.client(t).NewElection(name)
+		require.NoError(t, second.Campaign(ctx, "after"))
+		after := next(t, ch, "the leader after the restart")
+		assert.Equal(t, "after", after.Value)
+		assert.Greater(t, after.Term, before.Term, "the term after the restart")
+		require.NoError(t, second.Resign(ctx))
+	})
+}
+
+// TestElectionValues: a value may hold anything (spaces, newlines, any
+// bytes, nothing); Leader and Observe return it as published.
+func TestElectionValues(t *testing.T) {
+	eachBackendParallel(t, func(t *testing.T, b *testBackend) {
+		ctx := testCtx(t, hangGuard)
+		name := lockName(t)
+		ch, _ := observeAsync(t, b.client(t).NewElection(name))
+		e := b.client(t).NewElection(name)
+		values := []string{"", "a b", "line\nline", "ü \x00 \xff", " ", "1-1 2 o v", strings.Repeat("x", 64<<10)}
+		require.NoError(t, e.Campaign(ctx, values[0]))
+		for i, v := range values {
+			if i > 0 {
+				require.NoError(t, e.Proclaim(ctx, v))
+			}
+			assert.Equal(t, v, next(t, ch, "a value").Value, "value %d", i)
+			leaderIs(t, e, v, e.Term())
+		}
 		require.NoError(t, e.Resign(ctx))
 	})
 }
