@@ -18,7 +18,7 @@ func TestElectionInspectForceUnlock(t *testing.T) {
 		name := lockName(t)
 		admin := b.client(t)
 		// (The forced-out leader hears of it at its next renewal: lease/3.)
-		leader, next := b.client(t).NewElection(name, WithLease(900*time.Millisecond)), b.client(t).NewElection(name)
+		leader, next := b.client(t).NewElection(name, WithLease(1500*time.Millisecond)), b.client(t).NewElection(name)
 		require.NoError(t, leader.Campaign(ctx, "leader"))
 		w := campaignAsync(t, ctx, next, "next")
 		awaitInQueue(t, b.rdb(t), electKeysOf(name).queue, 1)

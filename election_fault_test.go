@@ -54,7 +54,7 @@ func TestElectionLeaderKilled(t *testing.T) {
 	f := child.Expect(t, "leading", hangGuard)
 	childTerm, err := strconv.ParseInt(f[0], 10, 64)
 	require.NoError(t, err)
-	e := b.client(t).NewElection(name, WithLease(lease))
+	e := b.client(t).NewElection(name)
 	l := leaderIs(t, e, "child", childTerm)
 	assert.Equal(t, child.Pid(), l.PID, "the leader's pid")
 
@@ -94,7 +94,7 @@ func TestElectionTermEndsFirst(t *testing.T) {
 	}()
 	t.Cleanup(func() { <-watched })
 
-	next := b.client(t).NewElection(name, WithLease(lease))
+	next := b.client(t).NewElection(name)
 	w := campaignAsync(t, ctx, next, "next")
 	awaitInQueue(t, b.rdb(t), electKeysOf(name).queue, 1)
 	proxy.SetBlackhole(true)

@@ -162,7 +162,7 @@ func TestElectionRunLostTerm(t *testing.T) {
 		ctx := testCtx(t, hangGuard)
 		name := lockName(t)
 		causes := make(chan error, 4)
-		r := runAsync(t, ctx, b.client(t).NewElection(name, WithLease(300*time.Millisecond)), "v", func(ctx context.Context, n int) error {
+		r := runAsync(t, ctx, b.client(t).NewElection(name, WithLease(1500*time.Millisecond)), "v", func(ctx context.Context, n int) error {
 			<-ctx.Done()
 			causes <- context.Cause(ctx)
 			return context.Cause(ctx)

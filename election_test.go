@@ -269,7 +269,9 @@ func TestElectionLostTerm(t *testing.T) {
 		ctx := testCtx(t, hangGuard)
 		name := lockName(t)
 		rdb := b.rdb(t)
-		e := b.client(t).NewElection(name, WithLease(300*time.Millisecond))
+		// (A lease short enough for the loss to be found at once, long
+		// enough to outlast a loaded machine's pauses.)
+		e := b.client(t).NewElection(name, WithLease(1500*time.Millisecond))
 		require.NoError(t, e.Campaign(ctx, "a"))
 		term, tctx := e.Term(), e.Context()
 		require.NoError(t, rdb.Del(ctx, electKeysOf(name).hash).Err())
@@ -297,7 +299,9 @@ func TestElectionClosedLeader(t *testing.T) {
 		name := lockName(t)
 		const lease = 600 * time.Millisecond
 		lc := b.client(t)
-		leader, next := lc.NewElection(name, WithLease(lease)), b.client(t).NewElection(name, WithLease(lease))
+		// (Only the leader's lease is short: the next candidate's must
+		// not run out under a loaded machine's pauses.)
+		leader, next := lc.NewElection(name, WithLease(lease)), b.client(t).NewElection(name)
 		require.NoError(t, leader.Campaign(ctx, "dies"))
 		term := leader.Term()
 		w := campaignAsync(t, ctx, next, "next")

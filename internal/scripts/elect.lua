@@ -22,50 +22,47 @@
 -- reader of the log goes back a term.
 local hash, rec_key, log = KEYS[1], KEYS[4], KEYS[5]
 local op = ARGV[1]
-
-local function wrong(key)
-  local t = redis.call('type', key)
-  if type(t) == 'table' then t = t['ok'] end
-  return redis.error_reply('WRONGTYPE remutex ' .. t .. ' ' .. key)
-end
+local bad -- a key of another type (see key_error.lua)
 
 local rec = redis.pcall('get', rec_key)
-if type(rec) == 'table' then return wrong(rec_key) end
+if type(rec) == 'table' then
+  bad = rec_key
+--#include key_error.lua
+end
 
 if op == 'r' then
   local t, n = string.match(ARGV[2], '^(%d+)%-(%d+)$')
   local from = t .. '-' .. string.format('%d', tonumber(n) + 1)
   local entries = redis.pcall('xrange', log, from, '+', 'COUNT', 256)
   if entries['err'] then
-    if redis.call('exists', log) == 1 then return wrong(log) end
-    return {}
+    if redis.call('exists', log) == 0 then return {} end
+    bad = log
+--#include key_error.lua
   end
   local out = {}
   for i, e in ipairs(entries) do out[i] = e[2][2] end
   return out
 end
 
-local function holds(owner)
-  local held = redis.pcall('hexists', hash, owner)
-  if type(held) == 'table' then return nil end
-  return held == 1
-end
-
+-- The owner whose hold is asked about: the record's ('l'), the caller's ('p').
+local owner
 if op == 'l' then
   if not rec then return {0, false} end
-  local owner = string.match(rec, '^%d+%-%d+ %d+ (%S+) ')
+  owner = string.match(rec, '^%d+%-%d+ %d+ (%S+) ')
   if not owner then return {0, rec} end
-  local held = holds(owner)
-  if held == nil then return wrong(hash) end
-  if held then return {1, rec} end
-  return {0, rec}
+else
+  owner = ARGV[2]
 end
+local held = redis.pcall('hexists', hash, owner)
+if type(held) == 'table' then
+  bad = hash
+--#include key_error.lua
+end
+if op == 'l' then return {held, rec} end
 
 -- 'p'
-local owner, term, value, channel = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
-local held = holds(owner)
-if held == nil then return wrong(hash) end
-if not held then return 0 end
+if held == 0 then return 0 end
+local term, value, channel = ARGV[3], ARGV[4], ARGV[5]
 local n, since, prev = 1, nil, '0-0'
 if rec then
   local pt, pn, ps, po, pv = string.match(rec, '^(%d+)%-(%d+) (%d+) (%S+) (.*)$')
@@ -93,7 +90,8 @@ if type(added) == 'table' and added['err'] then
   if type(t) == 'table' then t = t['ok'] end
   if t ~= 'stream' then
     if t == 'none' then return added end
-    return wrong(log)
+    bad = log
+--#include key_error.lua
   end
   -- The log went past the record (the record was deleted): go on from
   -- the log's last entry.
