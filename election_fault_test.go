@@ -60,8 +60,11 @@ func TestElectionLeaderKilled(t *testing.T) {
 
 	w := campaignAsync(t, ctx, e, "parent")
 	awaitInQueue(t, b.rdb(t), electKeysOf(name).queue, 1)
+	killed := time.Now()
 	child.Signal(t, syscall.SIGKILL)
 	w.won(t, "the candidate after the leader was killed")
+	took := time.Since(killed)
+	t.Logf("the next leader elected %v after the kill: %.2f leases", took, float64(took)/float64(lease))
 	assert.Greater(t, e.Term(), childTerm)
 	leaderIs(t, e, "parent", e.Term())
 	require.NoError(t, e.Resign(ctx))
@@ -189,9 +192,11 @@ func TestElectionCost(t *testing.T) {
 		awaitInQueue(t, b.rdb(t), electKeysOf(name).queue, 1)
 		rt.take()
 		wt.take()
+		resigned := time.Now()
 		require.NoError(t, e.Resign(ctx))
 		resign, resignCmds, _ := rt.take()
 		w.won(t, "the waiting candidate")
+		t.Logf("the next leader's Campaign returned %v after Resign began", time.Since(resigned))
 		// (The waiter may also have refreshed its queue entry meanwhile:
 		// its publication is what follows the grant.)
 		after, afterCmds, published := wt.take()
