@@ -157,7 +157,7 @@ func (e *DistElection) Proclaim(ctx context.Context, value string) error {
 
 // publish runs elect.lua's publication of value for the hold h.
 func (e *DistElection) publish(ctx context.Context, h *hold, value string) error {
-	v, err := e.call(ctx, "p", h.owner, strconv.FormatInt(h.fence, 10), value, e.channel)
+	v, err := e.call(ctx, electPublish, "p", h.owner, strconv.FormatInt(h.fence, 10), value, e.channel)
 	if err != nil {
 		return err
 	}
@@ -197,7 +197,7 @@ func (e *DistElection) Leader(ctx context.Context) (Leader, error) {
 
 // current reads the published record and whether its leader still leads.
 func (e *DistElection) current(ctx context.Context) (live bool, rec *wire.LeaderRecord, err error) {
-	v, err := e.call(ctx, "l")
+	v, err := e.call(ctx, electScript, "l")
 	if err != nil {
 		return false, nil, err
 	}
@@ -252,28 +252,33 @@ func (e *DistElection) Term() int64 { return e.m.Fence() }
 // Fence is Term, by the name the locks use.
 func (e *DistElection) Fence() int64 { return e.Term() }
 
-// call runs elect.lua's operation op, retrying transient errors until ctx
-// ends.
-func (e *DistElection) call(ctx context.Context, op string, args ...interface{}) (interface{}, error) {
+// call runs elect.lua (sc: electScript, or electPublish for a
+// publication) with operation op, retrying transient errors until ctx ends.
+func (e *DistElection) call(ctx context.Context, sc *luaScript, op string, args ...interface{}) (interface{}, error) {
 	c := e.m.client()
 	args = append([]interface{}{op}, args...)
 	var bo backoff
+	var last error // the transient error being retried
 	for {
 		if err := ctx.Err(); err != nil {
-			return nil, err
+			return nil, ctxErr(ctx, last)
 		}
 		if c.isClosed() {
 			return nil, ErrClosed
 		}
-		v, err := c.be.Script(ctx, &e.m.spec.Spec, electScript, args...)
+		v, err := c.be.Script(ctx, &e.m.spec.Spec, sc, args...)
 		switch {
 		case err == nil:
 			return v, nil
 		case cutOff(ctx, err):
-			return nil, ctxErr(ctx, err)
+			if last == nil {
+				last = errNoReply
+			}
+			return nil, ctxErr(ctx, last)
 		case !transient(err):
 			return nil, err
 		}
+		last = err
 		if err := e.m.pause(ctx, &bo, err, op); err != nil {
 			return nil, err
 		}

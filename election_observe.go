@@ -239,7 +239,7 @@ func (s *observation) apply(msgs []string) (missed bool) {
 // catchUp reads the records logged after the last one taken.
 func (e *DistElection) catchUp(ctx context.Context, s *observation) error {
 	for {
-		v, err := e.call(ctx, "r", s.last.String())
+		v, err := e.call(ctx, electScript, "r", s.last.String())
 		if err != nil {
 			return err
 		}

@@ -5,6 +5,7 @@ package remutex
 // failover, which an observer survives.
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -79,5 +80,46 @@ func TestElectionSentinelFailover(t *testing.T) {
 			break
 		}
 	}
+	require.NoError(t, second.Resign(ctx))
+}
+
+// TestElectionReplicaAck: with WithReplicaAck(1, ...) a Campaign returns
+// only once the replica has the term and the published record, and a
+// Resign hands the term to a waiting candidate as on a single server; a
+// Proclaim that the replica cannot acknowledge (its replication held)
+// retries until its context ends, with ErrTooFewReplicas as its last
+// error, and succeeds once the replica is back.
+func TestElectionReplicaAck(t *testing.T) {
+	p := redistest.StartReplicaPair(t, true)
+	ctx := testCtx(t, hangGuard)
+	name := lockName(t)
+	k := electKeysOf(name)
+	replica := rdbAt(t, p.Replica.Addr())
+	client := func() *Client { return clientOn(t, rdbAt(t, p.Primary.Addr()), WithReplicaAck(1, time.Second)) }
+	first, second := client().NewElection(name), client().NewElection(name)
+	require.NoError(t, first.Campaign(ctx, "first"))
+	rec, err := replica.Get(ctx, k.record).Result()
+	require.NoError(t, err, "the record on the replica when Campaign returned")
+	assert.Contains(t, rec, " first")
+	assert.Equal(t, int64(1), replica.Exists(ctx, k.hash).Val(), "the term on the replica")
+
+	w := campaignAsync(t, ctx, second, "second")
+	awaitInQueue(t, rdbAt(t, p.Primary.Addr()), k.queue, 1)
+	require.NoError(t, first.Resign(ctx))
+	w.won(t, "the second candidate")
+	rec, err = replica.Get(ctx, k.record).Result()
+	require.NoError(t, err)
+	assert.Contains(t, rec, " second", "the record on the replica when the second Campaign returned")
+	p.Link.Pause()
+	short, cancel := context.WithTimeout(ctx, 2500*time.Millisecond)
+	err = second.Proclaim(short, "third")
+	cancel()
+	require.ErrorIs(t, err, context.DeadlineExceeded, "Proclaim while the replica is held")
+	require.ErrorIs(t, err, ErrTooFewReplicas, "Proclaim while the replica is held")
+	p.Link.Resume()
+	require.NoError(t, second.Proclaim(ctx, "third"))
+	rec, err = replica.Get(ctx, k.record).Result()
+	require.NoError(t, err)
+	assert.Contains(t, rec, " third", "the record on the replica when Proclaim returned")
 	require.NoError(t, second.Resign(ctx))
 }

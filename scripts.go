@@ -18,6 +18,7 @@ var (
 	onceScripts  = newScriptSet(transport.OnceScripts)
 	onceScript   = transport.OnceScript
 	electScript  = transport.ElectScript
+	electPublish = transport.ElectPublish
 )
 
 // luaScript is a script boxed for calls.

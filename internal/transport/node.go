@@ -461,6 +461,17 @@ func (n *node) Script(ctx context.Context, s *Spec, sc *Script, args ...interfac
 	if sc.Pub {
 		args = append(args[:len(args):len(args)], n.pub(ctx))
 	}
+	if sc.Acked && n.Acked() {
+		v, err := n.ackedCall(ctx, s, &call{s: sc, keys: s.KeyArgs, args: args})
+		var f final
+		if errors.As(err, &f) {
+			// (Unlike a DistOnce's release, a write sent again that finds
+			// itself done answers the same, and is acknowledged anew: the
+			// shortfall is transient.)
+			err = f.error
+		}
+		return v, err
+	}
 	return n.eval(ctx, s, sc, args...)
 }
 

@@ -38,6 +38,9 @@ var (
 	// ElectScript publishes and reads its leader (the publish command
 	// appended: see Script.Pub).
 	ElectScript = loadPub("elect")
+	// ElectPublish is ElectScript for its publication, which replicas
+	// acknowledge under WithReplicaAck.
+	ElectPublish = acked(ElectScript)
 )
 
 // Scripts are what a lock's holds and waiters run: acquire (or queue),
@@ -54,6 +57,9 @@ type Script struct {
 	// Pub: Backend.Script appends the node's publish command to its
 	// arguments (see queue.lua), as the lock scripts' calls do.
 	Pub bool
+	// Acked: a write whose call Backend.Script pipelines with WAIT under
+	// WithReplicaAck (ErrTooFewReplicas when too few acknowledged it).
+	Acked bool
 }
 
 // load returns the script name of internal/scripts with its includes
@@ -69,6 +75,13 @@ func loadPub(name string) *Script {
 	sc := load(name)
 	sc.Pub = true
 	return sc
+}
+
+// acked returns sc marked Acked (not loaded again: its SHA is sc's).
+func acked(sc *Script) *Script {
+	c := *sc
+	c.Acked = true
+	return &c
 }
 
 // all are every script load made (Check loads them all).
