@@ -99,7 +99,16 @@ func (c *Client) NewElection(name string, opts ...MutexOption) *DistElection {
 }
 
 // Name returns the election's name.
-func (e *DistElection) Name() string { return e.m.Name() }
+func (e *DistElection) Name() string { return e.client().m.Name() }
+
+// client returns e, panicking for a zero DistElection (whose DistMutex
+// would name itself instead).
+func (e *DistElection) client() *DistElection {
+	if e.m.c == nil {
+		panic("remutex: DistElection not created by Client.NewElection (a zero DistElection is not usable)")
+	}
+	return e
+}
 
 // Campaign waits until e leads the election, then publishes value as the
 // leader's. Candidates are served in arrival order. It returns nil once e
@@ -109,7 +118,7 @@ func (e *DistElection) Name() string { return e.m.Name() }
 // is a *WrongTypeError). Transient errors are retried until ctx ends. On a
 // value that leads already, Campaign is Proclaim.
 func (e *DistElection) Campaign(ctx context.Context, value string) error {
-	if e.m.current() != nil {
+	if e.client().m.current() != nil {
 		return e.Proclaim(ctx, value)
 	}
 	for {
@@ -148,7 +157,7 @@ func (e *DistElection) Campaign(ctx context.Context, value string) error {
 // not lead, or its term was lost; ctx's error if ctx ends first (the value
 // may or may not have been published); a permanent Redis error.
 func (e *DistElection) Proclaim(ctx context.Context, value string) error {
-	h := e.m.current()
+	h := e.client().m.current()
 	if h == nil {
 		return e.wrap("proclaim", ErrNotLeader)
 	}
@@ -173,7 +182,7 @@ func (e *DistElection) publish(ctx context.Context, h *hold, value string) error
 // UnlockContext's errors. The term's Context ends with the cause
 // ErrReleased.
 func (e *DistElection) Resign(ctx context.Context) error {
-	err := e.m.UnlockContext(ctx)
+	err := e.client().m.UnlockContext(ctx)
 	if errors.Is(err, ErrNotHeld) {
 		return nil
 	}
@@ -185,7 +194,7 @@ func (e *DistElection) Resign(ctx context.Context) error {
 // is not published yet, for a round trip, does not lead yet). Transient
 // errors are retried until ctx ends.
 func (e *DistElection) Leader(ctx context.Context) (Leader, error) {
-	live, rec, err := e.current(ctx)
+	live, rec, err := e.client().current(ctx)
 	switch {
 	case err != nil:
 		return Leader{}, e.wrap("leader", err)
@@ -228,6 +237,7 @@ func leaderOf(r *wire.LeaderRecord) Leader {
 // the first term it is done already, with the cause ErrNotLeader; after a
 // term it is that term's, done, until the next Campaign returns.
 func (e *DistElection) Context() context.Context {
+	e.client()
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.termCtx == nil {
@@ -241,13 +251,13 @@ func (e *DistElection) Context() context.Context {
 // Lost returns a channel that is closed when e's term is lost (its lease
 // could not be renewed in time, its key was deleted, the Client closed);
 // closed already if e does not lead. A Resign does not close it.
-func (e *DistElection) Lost() <-chan struct{} { return e.m.Lost() }
+func (e *DistElection) Lost() <-chan struct{} { return e.client().m.Lost() }
 
 // Term returns the number of e's term, its fencing token: 0 if e does not
 // lead. A term that was lost keeps its number until Resign (or the next
 // Campaign), so that work that goes on after the loss still writes with it,
 // and fenced storage refuses it.
-func (e *DistElection) Term() int64 { return e.m.Fence() }
+func (e *DistElection) Term() int64 { return e.client().m.Fence() }
 
 // Fence is Term, by the name the locks use.
 func (e *DistElection) Fence() int64 { return e.Term() }

@@ -28,7 +28,7 @@ import (
 // closes, once ctx is done (or the Client closed): read the channel until
 // it closes, or cancel ctx, to let it go.
 func (e *DistElection) Observe(ctx context.Context) <-chan Leader {
-	c := e.m.client()
+	c := e.client().m.c
 	out := make(chan Leader)
 	ob := &observer{kick: make(chan struct{}, 1)}
 	c.observers.add(e.channel, ob)

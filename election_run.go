@@ -46,6 +46,7 @@ func OnStoppedLeading(f func(term int64, err error)) RunOption {
 // Campaign. A panic of f resigns the term and goes on. Run panics if f is
 // nil.
 func (e *DistElection) Run(ctx context.Context, value string, f func(ctx context.Context) error, opts ...RunOption) error {
+	e.client()
 	if f == nil {
 		panic("remutex: DistElection.Run: nil function")
 	}

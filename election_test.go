@@ -369,6 +369,8 @@ func TestElectionBadInput(t *testing.T) {
 		{"nil Client", "remutex: NewElection on a nil Client", func() { (*Client)(nil).NewElection("x") }},
 		{"nil f", "remutex: DistElection.Run: nil function", func() { _ = c.NewElection("x").Run(context.Background(), "v", nil) }},
 		{"nil run option", "remutex: DistElection.Run: nil option", func() { _ = c.NewElection("x").Run(context.Background(), "v", f, nil) }},
+		{"zero DistElection", "remutex: DistElection not created by Client.NewElection", func() { _ = new(DistElection).Campaign(context.Background(), "v") }},
+		{"zero DistElection's Observe", "remutex: DistElection not created by Client.NewElection", func() { new(DistElection).Observe(context.Background()) }},
 	} {
 		assert.Contains(t, panicOf(t, tc.what, tc.f), tc.want, tc.what)
 	}
