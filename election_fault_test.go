@@ -111,6 +111,7 @@ func TestElectionTermEndsFirst(t *testing.T) {
 	require.ErrorIs(t, context.Cause(tctx), ErrLockLost)
 	assert.Greater(t, next.Term(), term)
 	require.NoError(t, next.Resign(ctx))
+	proxy.Heal() // (so that the cut-off Client closes at once)
 }
 
 // roundTrips counts the calls a redis client makes (a pipeline is one) and
