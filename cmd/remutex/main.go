@@ -10,6 +10,8 @@
 //
 //	remutex run [--lease D | --max-hold D] [--min-hold D] [--wait D] [--grace D] [--fence-env NAME] [--read | --write | --permits N] NAME -- COMMAND [ARGS...]
 //	remutex once [--lease D] [--wait D] [--grace D] [--fence-env NAME] NAME -- COMMAND [ARGS...]
+//	remutex elect [--lease D] [--grace D] [--fence-env NAME] [--again] NAME --value VALUE -- COMMAND [ARGS...]
+//	remutex leader [--watch] [--json] NAME
 //	remutex status [--json] NAME...
 //	remutex unlock --force [--yes] [--owner OWNER]... NAME
 //	remutex help [COMMAND]
@@ -88,6 +90,19 @@
 // the next once of NAME does); after a success every once of NAME exits 0
 // without running anything. The runner exits with the command's status.
 //
+// elect campaigns in the election NAME (remutex.DistElection) with the
+// value --value and runs COMMAND while this process leads, as run would
+// (process group, signals passed on, lease renewed), with the term's number
+// in REMUTEX_TERM and in --fence-env's variable; when the command exits it
+// resigns, and the next candidate leads. If the term is lost, the command
+// is stopped as after a lost lease (status 79). With --again it campaigns
+// again after each term, until interrupted.
+//
+// leader prints the leader of the election NAME in one line, "TERM SINCE
+// HOST PID VALUE" (--json: a JSON object), or exits 1 if nobody leads;
+// --watch prints a line for each change of leader or value until
+// interrupted.
+//
 // status prints, for each lock, of each kind under its name (mutex,
 // rwmutex, semaphore), its state (free, held, kept, write, read ×N, and for
 // a semaphore of S permits held H/S or free 0/S; kept: a mutex that nobody
@@ -127,17 +142,19 @@
 //
 // # Exit status
 //
-//	0-255  run: the command's own status; 128+N if a signal N killed it
-//	0      status, unlock: done (unlock: also when the lock was already free); once: done
-//	1      unlock: not confirmed, or the lock changed hands meanwhile
+//	0-255  run, elect: the command's own status; 128+N if a signal N killed it
+//	0      status, unlock: done (unlock: also when the lock was already free); once: done;
+//	       leader: a leader was printed (--watch: interrupted)
+//	1      unlock: not confirmed, or the lock changed hands meanwhile; leader: nobody leads
 //	64     usage error; run: also a --permits that is not the semaphore's size
 //	69     Redis error: unreachable, a failed command, a key of another type
 //	75     run: --wait passed and the lock was still held; the command did not run
 //	       (once: --wait passed before the run ended)
-//	79     run: the lease was lost while the command ran (or --max-hold passed)
+//	79     run: the lease was lost while the command ran (or --max-hold passed);
+//	       elect: the term was lost while the command ran (not with --again)
 //	80     once: the run this caller waited for (another's) failed; the next once runs it again
-//	126    run: COMMAND could not be executed
-//	127    run: COMMAND was not found
+//	126    run, elect: COMMAND could not be executed
+//	127    run, elect: COMMAND was not found
 package main
 
 import (
@@ -172,6 +189,8 @@ const usageText = `remutex: a distributed lock on Redis for scripts and cron job
 Usage:
   remutex run [--lease D | --max-hold D] [--min-hold D] [--wait D] [--grace D] [--fence-env NAME] [--read | --write | --permits N] NAME -- COMMAND [ARGS...]
   remutex once [--lease D] [--wait D] [--grace D] [--fence-env NAME] NAME -- COMMAND [ARGS...]
+  remutex elect [--lease D] [--grace D] [--fence-env NAME] [--again] NAME --value VALUE -- COMMAND [ARGS...]
+  remutex leader [--watch] [--json] NAME
   remutex status [--json] NAME...
   remutex unlock --force [--yes] [--owner OWNER]... NAME
   remutex help [COMMAND]
@@ -189,6 +208,11 @@ Commands:
           the others wait for that run and exit with its outcome, and once
           it succeeded every caller exits 0 at once (a database migration
           run by one of many pods)
+  elect   campaign in election NAME with VALUE and run COMMAND while this
+          process leads (stopped if the term is lost); the term's number is
+          in $REMUTEX_TERM; --again campaigns again after each term
+  leader  print the leader of election NAME (TERM SINCE HOST PID VALUE, or
+          --json); --watch prints a line for each change
   status  show each lock's kind and state (free, held, kept, write, read ×N,
           held H/S permits), its holders (owner, mode, host, pid), hold
           counts or permits, remaining leases, last fencing token, queued
@@ -208,20 +232,23 @@ Connection flags (any command, before or after its name):
   --prefix P         key prefix of the locks (default "remutex:")
 
 Exit status:
-  0-255  run: the command's own status; 128+N if a signal N killed it
+  0-255  run, elect: the command's own status; 128+N if a signal N killed it
   0      status, unlock: done (unlock: also when the lock was already free);
-         once: done (by this run, another, or before)
-  1      unlock: not confirmed, or the lock changed hands meanwhile
+         once: done (by this run, another, or before); leader: printed
+         (--watch: interrupted)
+  1      unlock: not confirmed, or the lock changed hands meanwhile;
+         leader: nobody leads
   64     usage error; run: also a --permits that is not the semaphore's size
   69     Redis error: unreachable, a failed command, a key of another type
   75     run: --wait passed while the lock was held; the command did not run
          (once: --wait passed before the run ended; nothing ran here)
   79     run: the lease was lost while the command ran, or --max-hold passed
-         (its process group was sent SIGTERM, then SIGKILL after --grace)
+         (its process group was sent SIGTERM, then SIGKILL after --grace);
+         elect: the term was lost while the command ran (not with --again)
   80     once: the run this caller waited for (another's) failed; the
          command did not run here, and the next once runs it again
-  126    run: COMMAND could not be executed
-  127    run: COMMAND was not found
+  126    run, elect: COMMAND could not be executed
+  127    run, elect: COMMAND was not found
 `
 
 // cli is one invocation: its arguments, environment and standard streams.
@@ -283,8 +310,12 @@ func (c *cli) command(name string, args []string) int {
 		return c.unlock(args)
 	case "once":
 		return c.once(args)
+	case "elect":
+		return c.elect(args)
+	case "leader":
+		return c.leader(args)
 	}
-	return c.usageError("unknown command %q (want run, once, status or unlock; see \"remutex help\")", name)
+	return c.usageError("unknown command %q (want run, once, elect, leader, status or unlock; see \"remutex help\")", name)
 }
 
 // version is the module version remutex was built from: "(devel)" for a

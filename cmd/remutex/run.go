@@ -169,6 +169,10 @@ type runConfig struct {
 	// permits is --permits: the size of the semaphore NAME, of which the run
 	// takes one permit; 0, the default: a mutex (or --read, --write).
 	permits permitsFlag
+	// holding names, in supervise's messages, what the command runs under
+	// (elect: a term of an election); "", the default: the lease of lock
+	// NAME.
+	holding string
 }
 
 // kind is the kind of lock cfg takes.
@@ -625,7 +629,11 @@ func (c *cli) supervise(cmd *exec.Cmd, cfg runConfig, sigs <-chan os.Signal, los
 			if cfg.maxHold > 0 {
 				why = fmt.Sprintf(" (--max-hold %v: the lease is not renewed)", cfg.maxHold)
 			}
-			c.errorf("lease of lock %q lost%s: sending SIGTERM to the command (SIGKILL in %v)", cfg.name, why, cfg.grace)
+			holding := fmt.Sprintf("lease of lock %q", cfg.name)
+			if cfg.holding != "" {
+				holding = cfg.holding
+			}
+			c.errorf("%s lost%s: sending SIGTERM to the command (SIGKILL in %v)", holding, why, cfg.grace)
 			j.signal(sigTerm)
 			t := time.NewTimer(cfg.grace)
 			defer t.Stop()
