@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/remutex/remutex/internal/redistest"
 )
@@ -69,13 +70,18 @@ type candidate struct {
 	value, log, gate string
 }
 
-// startCandidate starts remutex elect NAME --value value at addr with
-// candidateScript as its command, logging to log; extra are elect's flags
-// and env more variables of the command.
+// startCandidate starts remutex elect NAME --value value on the server at
+// addr with candidateScript as its command, logging to log; extra are
+// elect's flags (and the connection's, replacing --addr if addr is "") and
+// env more variables of the command.
 func startCandidate(t testing.TB, addr, name, value, log string, extra []string, env ...string) *candidate {
 	t.Helper()
 	gate := filepath.Join(t.TempDir(), "gate")
-	args := append(append([]string{"--addr", addr, "elect"}, extra...), name, "--value", value, "--", "sh", "-c", candidateScript)
+	args := append([]string{"elect"}, extra...)
+	if addr != "" {
+		args = append([]string{"--addr", addr}, args...)
+	}
+	args = append(args, name, "--value", value, "--", "sh", "-c", candidateScript)
 	p := start(t, cliEnv(append([]string{"LOG=" + log, "GATE=" + gate, "V=" + value}, env...)...), "", args...)
 	return &candidate{proc: p, value: value, log: log, gate: gate}
 }
@@ -402,4 +408,48 @@ func TestElectInterruptedWhileCampaigning(t *testing.T) {
 			t.Errorf("%d commands started, want a's only:\n%s", len(all), readFile(t, log))
 		}
 	})
+}
+
+// TestElectCluster runs two candidates and a watcher on a Redis Cluster
+// (on Redis 7 the changes are shard messages): the waiting candidate leads
+// when the first one's command exits, and the watcher prints both terms.
+func TestElectCluster(t *testing.T) {
+	t.Parallel()
+	srv := startCluster(t)
+	cluster := []string{"--cluster", srv.addr()}
+	name := lockName(t, "election")
+	log := filepath.Join(t.TempDir(), "log")
+	a := startCandidate(t, "", name, "a", log, cluster)
+	sa := awaitStart(t, a, 1)
+	watch := start(t, cliEnv(), "", append(cluster, "leader", "--watch", name)...)
+	await(t, 30*time.Second, "the watcher to print the leader", func() bool { return strings.Contains(watch.stdout(), "\n") })
+	bb := startCandidate(t, "", name, "b", log, cluster)
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{srv.addr()}})
+	t.Cleanup(func() { _ = cc.Close() })
+	await(t, 10*time.Second, "b to queue", func() bool {
+		st := lockStateOn(t, cc, name).ofKind("election")
+		return st.Queued > 0 && st.Subscribers > 0
+	})
+	a.open(t)
+	sb := awaitStart(t, bb, 1)
+	bb.open(t)
+	for _, p := range []*candidate{a, bb} {
+		if code := p.wait(30 * time.Second); code != 0 {
+			t.Errorf("%s: exit status %d, want 0; stderr:\n%s", p.value, code, p.stderr())
+		}
+	}
+	await(t, 30*time.Second, "the watcher to print b", func() bool { return strings.Count(watch.stdout(), "\n") >= 2 })
+	watch.signal(syscall.SIGTERM)
+	if code := watch.wait(30 * time.Second); code != 0 {
+		t.Errorf("watcher: exit status %d, want 0; stderr:\n%s", code, watch.stderr())
+	}
+	lines := strings.Split(strings.TrimSuffix(watch.stdout(), "\n"), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("watcher printed %q, want a line for a's term and one for b's", lines)
+	}
+	for i, w := range []started{sa, sb} {
+		if l := parseLeaderLine(t, lines[i]); l.term != w.term || l.value != w.value {
+			t.Errorf("watcher line %d: term %d value %q, want %d %q", i, l.term, l.value, w.term, w.value)
+		}
+	}
 }
