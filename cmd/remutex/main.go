@@ -143,6 +143,7 @@
 // # Exit status
 //
 //	0-255  run, elect: the command's own status; 128+N if a signal N killed it
+//	       (elect: or ended the campaign, before the command ran)
 //	0      status, unlock: done (unlock: also when the lock was already free); once: done;
 //	       leader: a leader was printed (--watch: interrupted)
 //	1      unlock: not confirmed, or the lock changed hands meanwhile; leader: nobody leads
@@ -233,6 +234,7 @@ Connection flags (any command, before or after its name):
 
 Exit status:
   0-255  run, elect: the command's own status; 128+N if a signal N killed it
+         (elect: or ended the campaign, before the command ran)
   0      status, unlock: done (unlock: also when the lock was already free);
          once: done (by this run, another, or before); leader: printed
          (--watch: interrupted)
