@@ -181,9 +181,7 @@ func (c *cli) runElected(cfg electConfig) int {
 			c.errorf("campaigning again in election %q (--again)", cfg.name)
 		case status != 0:
 			c.errorf("the command exited with status %d; campaigning again in election %q in %v (--again)", status, cfg.name, retryPause)
-			if !in.sleep(retryPause) {
-				return status
-			}
+			in.sleep(retryPause) // a signal ends it, and the campaign below
 		}
 	}
 }
@@ -276,15 +274,13 @@ func (in *interrupts) signal() os.Signal {
 	return in.first
 }
 
-// sleep waits for d, and reports false if a signal came first.
-func (in *interrupts) sleep(d time.Duration) bool {
+// sleep waits for d, or until a signal comes.
+func (in *interrupts) sleep(d time.Duration) {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-t.C:
-		return true
 	case <-in.ctx.Done():
-		return false
 	}
 }
 

@@ -464,3 +464,37 @@ func TestElectCluster(t *testing.T) {
 		}
 	}
 }
+
+// TestElectAgainAfterFailure: with --again, a command that fails hands the
+// term on (the waiting candidate leads) and remutex says that it will
+// campaign again; a signal then ends it with 128+N, and its command does
+// not run again.
+func TestElectAgainAfterFailure(t *testing.T) {
+	eachCLIBackend(t, func(t *testing.T, b cliBackend) {
+		name := lockName(t, "election")
+		log := filepath.Join(t.TempDir(), "log")
+		a := startCandidate(t, b.addr, name, "a", log, []string{"--again"}, "STATUS=3")
+		awaitStart(t, a, 1)
+		bb := startCandidate(t, b.addr, name, "b", log, nil)
+		awaitCandidate(t, b.addr, name)
+		a.open(t)
+		awaitStart(t, bb, 1)
+		await(t, 10*time.Second, "a to say that it campaigns again", func() bool {
+			return strings.Contains(a.stderr(), "the command exited with status 3; campaigning again")
+		})
+		a.signal(syscall.SIGTERM)
+		if code := a.wait(30 * time.Second); code != 128+15 {
+			t.Errorf("a: exit status %d after SIGTERM, want %d; stderr:\n%s", code, 128+15, a.stderr())
+		}
+		bb.open(t)
+		if code := bb.wait(30 * time.Second); code != 0 {
+			t.Errorf("b: exit status %d, want 0; stderr:\n%s", code, bb.stderr())
+		}
+		if _, all := starts(t, log); len(all) != 2 {
+			t.Errorf("%d commands started, want a's and then b's:\n%s", len(all), readFile(t, log))
+		}
+		if st := lockState(t, b.addr, name).ofKind("election"); st.Queued != 0 || st.Held {
+			t.Errorf("election after both left: held %v, %d queued; want free, nobody queued", st.Held, st.Queued)
+		}
+	})
+}
