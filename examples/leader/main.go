@@ -17,10 +17,11 @@
 // as a rolling deploy does: Run's context ends, the job returns, Run
 // resigns, and the next candidate leads at once.
 //
-// The replicas print what they do as JSON lines, which the parent reads,
-// prints and checks: the terms (from the moment a replica starts leading
-// until it stops or is killed) must not overlap, and the register must
-// never have seen a term go back.
+// The replicas print what they do as JSON lines, which the parent reads
+// and prints. At the end it checks the register's log, in which each write
+// has the Redis server's time: no leader may have written once a later
+// term had begun (its Leader.Since, on the same clock), and the register
+// must never have seen a term go back.
 //
 // It runs on an embedded miniredis unless REDIS_ADDR names a Redis server;
 // the miniredis runs in the parent, and the replicas connect to it on
@@ -31,8 +32,8 @@
 //	REDIS_ADDR=127.0.0.1:6379 go run ./examples/leader
 //
 // Its last line is a verdict; it exits with status 1 if two leaders acted
-// in overlapping terms, if the register refused a write (a term went back),
-// or if a replica failed.
+// in overlapping terms (a write with a term after a later term began), if
+// the register refused a write (a term went back), or if a replica failed.
 package main
 
 import (

@@ -86,15 +86,15 @@ func TestVerdict(t *testing.T) {
 	at := func(ms int) time.Time { return time.Unix(0, 0).Add(time.Duration(ms) * time.Millisecond) }
 	sound := func() []*span {
 		return []*span{
-			{term: 10, id: 1, start: at(0), end: at(500), stoppedBy: "SIGKILL"},
-			{term: 11, id: 2, start: at(1400), end: at(1900), ended: true, stoppedBy: "SIGTERM"},
-			{term: 12, id: 3, start: at(1901), end: at(2400), ended: true, stoppedBy: "SIGTERM"},
+			{term: 10, id: 1, since: 1000, start: at(0), end: at(500), stoppedBy: "SIGKILL"},
+			{term: 11, id: 2, since: 2400, start: at(1400), end: at(1900), ended: true, stoppedBy: "SIGTERM"},
+			{term: 12, id: 3, since: 2901, start: at(1901), end: at(2400), ended: true, stoppedBy: "SIGTERM"},
 		}
 	}
-	writes := []write{{10, 1, 1, true}, {10, 1, 2, true}, {11, 2, 1, true}, {12, 3, 1, true}}
+	writes := []write{{10, 1, 1, 1001, true}, {10, 1, 2, 1201, true}, {11, 2, 1, 2401, true}, {12, 3, 1, 2901, true}}
 
-	overlap := sound()
-	overlap[1].end = at(1901)
+	late := append([]write{}, writes...)
+	late[1].at = 2401 // term 10 wrote after term 11 began, before term 11 wrote
 	open := sound()
 	open[2].ended = false
 	back := append([]write{}, writes...)
@@ -110,7 +110,8 @@ func TestVerdict(t *testing.T) {
 		want   string
 	}{
 		{"sound", sound(), writes, "ok: one leader at a time, the register saw the terms only rise; the next leader led 0.90 leases after the SIGKILL, 1ms after a Resign"},
-		{"overlapping terms", overlap, writes, "FAIL: two leaders at once: replica-2 led term 11 until "},
+		{"a write after a later term began", sound(), late, "FAIL: two leaders at once: replica-1 wrote with term 10 at 00:00:02.401, after replica-2's term 11 began at 00:00:02.400"},
+		{"a write in the millisecond a later term began", sound(), writes, "ok: "},
 		{"a term never ended", open, writes, "FAIL: term 12 of replica-3 never ended"},
 		{"term back", sound(), back, "FAIL: a term went back at the register: its write 4, by replica-2, has term 11 after term 12"},
 		{"refused", sound(), refused, "FAIL: a term went back at the register: its write 4"},

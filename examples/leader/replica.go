@@ -38,19 +38,25 @@ type note struct {
 	Kind string `json:"kind"` // campaigns, leads, job, sees, stops
 	PID  int    `json:"pid,omitempty"`
 	Term int64  `json:"term,omitempty"`
-	N    int    `json:"n,omitempty"`   // job: the how-manyth run of the job in the term
-	OK   bool   `json:"ok,omitempty"`  // job: the register took the write
-	Who  string `json:"who,omitempty"` // sees: the leader's value
-	Why  string `json:"why,omitempty"` // stops: why the term ended
+	N    int    `json:"n,omitempty"` // job: the how-manyth run of the job in the term
+	// Since (leads) is when the term began on the Redis server's clock,
+	// in Unix milliseconds (Leader.Since); 0 if unknown.
+	Since int64  `json:"since,omitempty"`
+	OK    bool   `json:"ok,omitempty"`  // job: the register took the write
+	Who   string `json:"who,omitempty"` // sees: the leader's value
+	Why   string `json:"why,omitempty"` // stops: why the term ended
 }
 
 // registerScript is the fenced register the job writes to, as a leader
 // writes to storage: KEYS = the last term written, the log of writes; ARGV
 // = term, replica, run. It refuses a term lower than the last one (0) and
-// takes any other (1); the log records both, so that the parent can check
-// that no term went back.
+// takes any other (1); the log records both, with the server's time in
+// Unix milliseconds, so that the parent can check that no term went back
+// and that no leader wrote once a later term had begun.
 var registerScript = redis.NewScript(`
-local entry = ARGV[1] .. ' ' .. ARGV[2] .. ' ' .. ARGV[3]
+local t = redis.call('TIME')
+local ms = t[1] .. string.format('%03d', math.floor(tonumber(t[2]) / 1000))
+local entry = ARGV[1] .. ' ' .. ARGV[2] .. ' ' .. ARGV[3] .. ' ' .. ms
 if tonumber(ARGV[1]) < tonumber(redis.call('GET', KEYS[1]) or '0') then
   redis.call('RPUSH', KEYS[2], entry .. ' refused')
   return 0
@@ -101,7 +107,11 @@ func replica(ctx context.Context, s spec, addr string, tell *teller) error {
 		// tctx ends when the term does: lost (before anyone else can
 		// lead), or ctx ended, after which Run resigns.
 		term := e.Term()
-		tell.say(note{Kind: "leads", Term: term})
+		var since int64
+		if l, err := e.Leader(tctx); err == nil && l.Term == term {
+			since = l.Since.UnixMilli()
+		}
+		tell.say(note{Kind: "leads", Term: term, Since: since})
 		err := job(tctx, s, rdb, term, tell)
 		why := "asked to stop: Run resigns the term"
 		if cause := context.Cause(tctx); errors.Is(cause, remutex.ErrLockLost) {
