@@ -114,7 +114,9 @@ func replica(ctx context.Context, s spec, addr string, tell *teller) error {
 		tell.say(note{Kind: "leads", Term: term, Since: since})
 		err := job(tctx, s, rdb, term, tell)
 		why := "asked to stop: Run resigns the term"
-		if cause := context.Cause(tctx); errors.Is(cause, remutex.ErrLockLost) {
+		if cause := context.Cause(tctx); err != nil {
+			why = err.Error()
+		} else if errors.Is(cause, remutex.ErrLockLost) {
 			why = "term lost: " + cause.Error()
 		}
 		tell.say(note{Kind: "stops", Term: term, Why: why})
