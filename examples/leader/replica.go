@@ -106,12 +106,12 @@ func replica(ctx context.Context, s spec, addr string, tell *teller) error {
 	err := e.Run(ctx, self, func(tctx context.Context) error {
 		// tctx ends when the term does: lost (before anyone else can
 		// lead), or ctx ended, after which Run resigns.
-		term := e.Term()
+		term, at := e.Term(), time.Now().UnixNano()
 		var since int64
 		if l, err := e.Leader(tctx); err == nil && l.Term == term {
 			since = l.Since.UnixMilli()
 		}
-		tell.say(note{Kind: "leads", Term: term, Since: since})
+		tell.say(note{At: at, Kind: "leads", Term: term, Since: since})
 		err := job(tctx, s, rdb, term, tell)
 		why := "asked to stop: Run resigns the term"
 		if cause := context.Cause(tctx); err != nil {
@@ -165,8 +165,11 @@ type teller struct {
 	w  io.Writer
 }
 
+// say writes n, with the time now unless n.At is set.
 func (t *teller) say(n note) {
-	n.At = time.Now().UnixNano()
+	if n.At == 0 {
+		n.At = time.Now().UnixNano()
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	_ = json.NewEncoder(t.w).Encode(n)
