@@ -155,6 +155,9 @@ func job(ctx context.Context, s spec, rdb *redis.Client, term int64, tell *telle
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
+			if ctx.Err() != nil {
+				return nil // both were ready: the term ended first, or at once
+			}
 		}
 	}
 }
