@@ -156,7 +156,9 @@ func TestUnlockForceWriteHold(t *testing.T) {
 	srv := sharedRedis(t)
 	addr := srv.addr()
 	name := lockName(t, "lock")
-	holder, _, fence := holdLock(t, addr, name, "--write", "--lease", "5s")
+	// A lease that outlasts the steps up to unlock --force on a busy
+	// machine: the stopped writer must still hold then.
+	holder, _, fence := holdLock(t, addr, name, "--write", "--lease", "30s")
 	holder.signal(syscall.SIGSTOP)
 	code, _, stderr := run(t, cliEnv(), "", "--addr", addr, "run", "--read", "--wait", "0", name, "--", "true")
 	if m := holderForm.FindStringSubmatch(stderr); code != exitTimeout || m == nil || !strings.Contains(stderr, "is held for writing by "+m[0]) ||

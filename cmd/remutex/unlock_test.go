@@ -24,7 +24,9 @@ func TestUnlockForceStoppedHolder(t *testing.T) {
 	t.Parallel()
 	srv := sharedRedis(t)
 	name := lockName(t, "lock")
-	holder, _, fenceA := holdLock(t, srv.addr(), name, "--lease", "5s")
+	// A lease that outlasts the steps up to unlock --force on a busy
+	// machine: the stopped holder must still hold then.
+	holder, _, fenceA := holdLock(t, srv.addr(), name, "--lease", "30s")
 	holder.signal(syscall.SIGSTOP)
 
 	out := filepath.Join(t.TempDir(), "out")
