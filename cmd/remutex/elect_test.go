@@ -173,6 +173,9 @@ func TestElectRunsWhileLeading(t *testing.T) {
 			t.Fatalf("log while a leads and b waits: %q, want a's start only", lines)
 		}
 		wantLeader(t, b.addr, name, "a", sa.term, a.cmd.Process.Pid)
+		if _, waiters := statusTables(t, b.addr, name); len(waiters) != 2 || len(waiters[1]) < 4 || waiters[1][1] != kindElection || waiters[1][3] != "term" {
+			t.Errorf("status while b waits: waiters %q, want one row: %s %s <owner> term ...", waiters, name, kindElection)
+		}
 
 		a.open(t)
 		if code := a.wait(30 * time.Second); code != 7 {

@@ -42,6 +42,7 @@ const (
 	kindRWMutex   = "rwmutex"   // a DistRWMutex: run --read or --write
 	kindSemaphore = "semaphore" // a DistSemaphore: run --permits
 	kindOnce      = "once"      // a DistOnce's run: once
+	kindElection  = "election"  // a DistElection's term: elect
 )
 
 // lockStatus is what status reports about one lock; it is also the JSON
@@ -182,6 +183,8 @@ func (w waiter) wants(kind string) string {
 	switch {
 	case kind == kindSemaphore:
 		return plural(w.Permits, "permit")
+	case kind == kindElection:
+		return "term" // a candidate
 	case kind != kindRWMutex:
 		return "lock"
 	case w.Read:

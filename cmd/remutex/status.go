@@ -24,7 +24,8 @@ waiters queued in Redis (and how many of them wait to write), and the
 Clients listening for the lock's messages (waiting for it, or having just
 waited). Below, when any lock has waiters, a second table lists them in
 the order in which they get the lock: who waits (owner, host, pid), for
-what (WANTS: lock, read, write, or a semaphore's N permits), and for how
+what (WANTS: lock, read, write, a semaphore's N permits, or an election's
+term), and for how
 long (by the waiting process's clock). It changes nothing.
 
 STATE is free, held (a mutex), running, done, failed or not done (a
