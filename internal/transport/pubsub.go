@@ -76,6 +76,11 @@ type subEntry struct {
 	conn      *psConn       // nil while no connection could be had: retried by waiters
 	ready     chan struct{} // closed once the server confirmed the subscription
 	confirmed bool
+	// redone: subscribed again after its subscription was lost (a
+	// connection given up, a slot moved): its confirmation wakes every
+	// listener, since a message may have been missed meanwhile, and a wake
+	// before it could not yet tell.
+	redone bool
 	idleSince time.Time // when refs last dropped to 0
 }
 
@@ -370,7 +375,7 @@ func (s *subscriber) retire(conn *psConn) {
 			if e.confirmed {
 				e.ready = make(chan struct{})
 			}
-			e.conn, e.confirmed = nil, false
+			e.conn, e.confirmed, e.redone = nil, false, true
 			s.subscribeLocked(ch, e)
 		}
 	}
@@ -407,14 +412,15 @@ func (s *subscriber) sweep(conn *psConn) time.Duration {
 func (s *subscriber) confirm(channel string) {
 	s.mu.Lock()
 	e := s.chans[channel]
-	again := e != nil && e.confirmed
+	again := e != nil && (e.confirmed || e.redone)
 	if e != nil && !e.confirmed {
-		e.confirmed = true
+		e.confirmed, e.redone = true, false
 		close(e.ready)
 	}
 	s.mu.Unlock()
 	if again {
-		// Subscribed again after a reconnect: a release may have been missed.
+		// Subscribed again after a reconnect, or on a new connection: a
+		// message may have been missed.
 		s.to.WakeAll()
 	}
 }

@@ -91,7 +91,7 @@ func (s *subscriber) detachLocked(conn *psConn, channel string, e *subEntry) {
 	if e.confirmed {
 		e.ready = make(chan struct{})
 	}
-	e.conn, e.confirmed = nil, false
+	e.conn, e.confirmed, e.redone = nil, false, true
 }
 
 // follow subscribes chans, which conn's node no longer serves, where their

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -126,5 +127,58 @@ func waitIdle(t *testing.T, n *node) {
 			t.Fatal("the batcher still busy after 10s")
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// wakeCounter is a Listener that counts WakeAll calls.
+type wakeCounter struct {
+	wakes atomic.Int64
+	done  chan struct{}
+}
+
+func (*wakeCounter) Dispatch(string, string) {}
+func (w *wakeCounter) WakeAll()              { w.wakes.Add(1) }
+func (w *wakeCounter) Done() <-chan struct{} { return w.done }
+
+// TestResubscribedWakesWhenConfirmed: a subscription redone on a new
+// connection (one given up for not answering a ping) wakes every listener
+// once the server confirms it, not only when it is sent: a message
+// published in between reached neither connection, and a listener that
+// looked at the first wake (an election's observer reading the log) could
+// not have seen it. (An observer stayed a term behind for good.)
+func TestResubscribedWakesWhenConfirmed(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	l := &wakeCounter{done: make(chan struct{})}
+	n := newNode(Config{Log: slog.New(slog.DiscardHandler), Listener: l}, rdb, true)
+	t.Cleanup(func() {
+		close(l.done) // (the Client's closing, which the subscriber's goroutines end by)
+		n.Close(time.Now().Add(time.Second))
+		_ = rdb.Close()
+	})
+	const channel = "remutex-test:resubscribed"
+	n.Watch(channel, true)
+	awaitClosed(t, n.Ready(channel), "the first subscription's confirmation")
+	n.subscriber.mu.Lock()
+	conn := n.subscriber.chans[channel].conn
+	n.subscriber.mu.Unlock()
+
+	n.subscriber.retire(conn) // wakes once as it gives the connection up
+	awaitClosed(t, n.Ready(channel), "the new subscription's confirmation")
+	deadline := time.Now().Add(5 * time.Second)
+	for l.wakes.Load() < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("wakes after the subscription was redone and confirmed: %d, want 2 (one as it was given up, one at the confirmation)", l.wakes.Load())
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func awaitClosed(t *testing.T, ch <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("no %s after 10s", what)
 	}
 }
