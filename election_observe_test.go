@@ -193,7 +193,8 @@ func cutObserver(t *testing.T, b *testBackend, name string) (ch <-chan Leader, p
 // command per change: each change reaches it in the message that carries
 // it. (Counted on the observer's own connection pool.)
 func TestElectionObserveCost(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *testBackend) {
+	// (Its count is of the observer's own connection pool's calls.)
+	eachBackendParallel(t, func(t *testing.T, b *testBackend) {
 		ctx := testCtx(t, hangGuard)
 		name := lockName(t)
 		log := newCommandLog()
@@ -220,11 +221,14 @@ func TestElectionObserveCost(t *testing.T) {
 // whose term is higher (the counter re-seeded from the server's clock),
 // though the log it read before is gone.
 func TestElectionObserveRestart(t *testing.T) {
+	t.Parallel() // servers of its own, which it restarts (see TestMain)
 	eachFreshBackend(t, func(t *testing.T, b *testBackend) {
 		ctx := testCtx(t, hangGuard)
 		name := lockName(t)
 		ch, _ := observeAsync(t, b.client(t).NewElection(name))
-		first := b.client(t).NewElection(name, WithLease(600*time.Millisecond))
+		// (A lease that a loaded machine's pauses cannot end before the
+		// restart, short enough for the loss to be found soon after it.)
+		first := b.client(t).NewElection(name, WithLease(time.Second))
 		require.NoError(t, first.Campaign(ctx, "before"))
 		before := next(t, ch, "the leader before the restart")
 		assert.Equal(t, "before", before.Value)
