@@ -219,13 +219,15 @@ func TestElectionObserveCost(t *testing.T) {
 // TestElectionObserveRestart: Redis restarts empty (no persistence): the
 // leader's term is lost, and an observer that saw it sees the next leader,
 // whose term is higher (the counter re-seeded from the server's clock),
-// though the log it read before is gone.
+// though the log it read before is gone; it says that terms between may
+// have been missed.
 func TestElectionObserveRestart(t *testing.T) {
 	t.Parallel() // servers of its own, which it restarts (see TestMain)
 	eachFreshBackend(t, func(t *testing.T, b *testBackend) {
 		ctx := testCtx(t, hangGuard)
 		name := lockName(t)
-		ch, _ := observeAsync(t, b.client(t).NewElection(name))
+		oc, errs := clientWithErrors(t, b.rdb(t))
+		ch, _ := observeAsync(t, oc.NewElection(name))
 		// (A lease that a loaded machine's pauses cannot end before the
 		// restart, short enough for the loss to be found soon after it.)
 		first := b.client(t).NewElection(name, WithLease(time.Second))
@@ -240,6 +242,9 @@ func TestElectionObserveRestart(t *testing.T) {
 		after := next(t, ch, "the leader after the restart")
 		assert.Equal(t, "after", after.Value)
 		assert.Greater(t, after.Term, before.Term, "the term after the restart")
+		// (It read the log, the message of the next leader naming no
+		// previous record, before it sent that leader.)
+		assert.Equal(t, 1, errs.count(errTermsDropped), "terms reported missed: %v", errs)
 		require.NoError(t, second.Resign(ctx))
 	})
 }
