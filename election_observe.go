@@ -16,7 +16,7 @@ import (
 // older term. A reader slower than the changes may miss values that a later
 // one of the same term replaced, but never a term: each term whose leader
 // published appears at least once. (The log in Redis that an observer
-// catches up from holds each term's latest value, for the latest 1000
+// catches up from holds one record per term, for at least the latest 1000
 // terms: an observer cut off from Redis while more than 1000 terms began
 // misses the oldest of them. It can tell: it reports an error to the error
 // handler and logs a warning, then goes on from the oldest term the log
