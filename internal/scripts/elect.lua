@@ -13,11 +13,11 @@
 --     '<term>-<n> <since ms> <owner> <value>' (n the term's n'th
 --     publication, since the server's clock at its first) is stored and
 --     published as '<previous ID> <record>' on the channel; answers its ID.
---     A term's first record is also logged, under the ID <term>-<n>, and
---     then the previous term's entry is replaced by that term's last
---     record. The same owner and value again (a resend) answer the record's
---     ID and write nothing. A later term in the record or the log answers
---     0: this one is over.
+--     A term's first record is also logged, under its ID <term>-<n>,
+--     after the previous term's entry (that term's first record) was
+--     replaced by that term's last. The same owner and value again (a
+--     resend) answer the record's ID and write nothing. A later term in the
+--     record or the log answers 0: this one is over.
 --   'l': {1 if the record's owner holds the hash else 0, record or false}.
 --   'r', ID: {the log's oldest ID or '', then the records after ID, oldest
 --     first: the log's (at most 256), and the record if it is later}. An
