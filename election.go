@@ -45,8 +45,8 @@ import (
 // Its keys are P{name}:elect (the leader's hold), P{name}:elect:fence (the
 // term counter), P{name}:elect:waiting (the candidates' queue),
 // P{name}:elect:leader (the published record) and P{name}:elect:log (a
-// stream of the latest records, about 64 to 164 of them) for the Client's prefix P: one
-// cluster slot. Changes are published on the channel P{name}:elect:changed.
+// stream of records, one per term, of at least the latest 1000 terms) for
+// the Client's prefix P: one cluster slot. Changes are published on the channel P{name}:elect:changed.
 type DistElection struct {
 	_       noCopy
 	m       DistMutex // the term's hold: NonReentrant, so it is the value's

@@ -45,9 +45,11 @@ func electRole(cfg childConfig) int {
 // the lease ends, with a higher term, and Leader names it.
 func TestElectionLeaderKilled(t *testing.T) {
 	skipShort(t, "a child process and a lease")
-	const lease = 600 * time.Millisecond
-	srv := redistest.Shared(t)
-	b := &testBackend{name: "redis-server", addr: srv.Addr(), srv: srv}
+	t.Parallel() // its own keys; it waits out a lease (see TestMain)
+	// (The child's lease must outlast a loaded machine's pauses until it is
+	// killed.)
+	const lease = time.Second
+	b := sharedBackend(t)
 	ctx := testCtx(t, hangGuard)
 	name := lockName(t)
 	child := startChild(t, childConfig{Role: "elect", Addr: b.addr, Name: name, Lease: lease, ID: "child"})
@@ -76,9 +78,10 @@ func TestElectionLeaderKilled(t *testing.T) {
 // Campaign returns; the next term is higher.
 func TestElectionTermEndsFirst(t *testing.T) {
 	skipShort(t, "waits out a lease")
+	// Serial: the cut-off term's context must end within the drift margin
+	// (20ms) before its lease ends in Redis and the next candidate leads.
 	const lease = 600 * time.Millisecond
-	srv := redistest.Shared(t)
-	b := &testBackend{name: "redis-server", addr: srv.Addr(), srv: srv}
+	b := sharedBackend(t)
 	ctx := testCtx(t, hangGuard)
 	name := lockName(t)
 	proxy := redistest.NewProxy(t, b.addr)
@@ -162,7 +165,8 @@ func (r *roundTrips) take() (trips, cmds, elect int) {
 // with a candidate waiting hands the term over in its one round trip, and
 // the new leader's Campaign returns after its publication's.
 func TestElectionCost(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b *testBackend) {
+	// (Its counts are of its own connection pools' calls.)
+	eachBackendParallel(t, func(t *testing.T, b *testBackend) {
 		ctx := testCtx(t, hangGuard)
 		name := lockName(t)
 		var rt roundTrips

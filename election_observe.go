@@ -2,6 +2,8 @@ package remutex
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -13,9 +15,12 @@ import (
 // ends or the Client closes; then it is closed. It never goes back to an
 // older term. A reader slower than the changes may miss values that a later
 // one of the same term replaced, but never a term: each term whose leader
-// published appears at least once. (A Client cut off from Redis while more
-// than about 64 changes were published misses those that the log dropped;
-// see docs/guarantees.md.)
+// published appears at least once. (The log in Redis that an observer
+// catches up from holds one record per term, for at least the latest 1000
+// terms: an observer cut off from Redis while more than 1000 terms began
+// misses the oldest of them. It can tell: it reports an error to the error
+// handler and logs a warning, then goes on from the oldest term the log
+// holds. See docs/guarantees.md.)
 //
 // Changes are pushed: the Client's pub/sub connection hears each one in a
 // message that carries it (one message per Client however many observe),
@@ -236,14 +241,25 @@ func (s *observation) apply(msgs []string) (missed bool) {
 	return false
 }
 
-// catchUp reads the records logged after the last one taken.
+// catchUp reads the records logged after the last one taken. If the log
+// no longer reaches back to the last term taken (its oldest entry is of a
+// later term: the terms between were trimmed, or the log was lost), terms
+// may have been missed: it says so, and goes on from the oldest.
 func (e *DistElection) catchUp(ctx context.Context, s *observation) error {
 	for {
 		v, err := e.call(ctx, electScript, "r", s.last.String())
 		if err != nil {
 			return err
 		}
-		recs, _ := v.([]interface{})
+		reply, _ := v.([]interface{})
+		if len(reply) == 0 {
+			return fmt.Errorf("remutex: unexpected reply of elect.lua: %v", v)
+		}
+		oldest, _ := reply[0].(string)
+		if first, ok := wire.ParseLeaderID(oldest); ok && s.last.Term > 0 && first.Term > s.last.Term {
+			e.termsDropped(s.last, first)
+		}
+		recs := reply[1:]
 		for _, r := range recs {
 			str, _ := r.(string)
 			if rec, ok := wire.ParseLeaderRecord(str); ok {
@@ -255,6 +271,20 @@ func (e *DistElection) catchUp(ctx context.Context, s *observation) error {
 		}
 	}
 }
+
+// termsDropped reports that an observer whose last record was last found
+// the log beginning at the later term of oldest: terms between may have
+// been missed.
+func (e *DistElection) termsDropped(last, oldest wire.LeaderID) {
+	c := e.m.c
+	err := fmt.Errorf("%w: the log begins at term %d, after the last term observed (%d)", errTermsDropped, oldest.Term, last.Term)
+	c.log.Warn("remutex: an observer may have missed terms", "election", e.m.spec.name, "last", last.Term, "oldest", oldest.Term)
+	c.report(e.wrap("observe", err))
+}
+
+// errTermsDropped is what an observer reports when the log no longer holds
+// the terms after the last one it saw (see DistElection.Observe).
+var errTermsDropped = errors.New("remutex: terms may have been missed")
 
 // subscribed waits until the changes channel is subscribed, asking again
 // while no subscription could be made (the server unreachable). It reports

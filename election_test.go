@@ -355,6 +355,7 @@ func TestElectionForeignData(t *testing.T) {
 // message that says why, before any command (the Client's server does not
 // exist); a quorum Client is refused.
 func TestElectionBadInput(t *testing.T) {
+	t.Parallel() // no server of its own but miniredis's; nothing to wait for
 	c := clientOn(t, rdbAt(t, "127.0.0.1:1"))
 	f := func(context.Context) error { return nil }
 	for _, tc := range []struct {

@@ -23,6 +23,7 @@ import (
 // the shard channel of that master alone.
 func TestElectionCluster(t *testing.T) {
 	skipShort(t, "starts a cluster")
+	t.Parallel() // a cluster of its own; it waits on it (see TestMain)
 	redistest.RequireShardedPubSub(t)
 	tc := redistest.StartCluster(t, 3, 0)
 	ctx := testCtx(t, hangGuard)
@@ -54,6 +55,7 @@ func TestElectionCluster(t *testing.T) {
 // campaigns after the failover, with a term above the one before.
 func TestElectionSentinelFailover(t *testing.T) {
 	skipShort(t, "starts a Sentinel deployment and fails it over")
+	t.Parallel() // a deployment of its own; it waits on its failover (see TestMain)
 	s := redistest.StartSentinel(t)
 	ctx := testCtx(t, 2*hangGuard)
 	name := lockName(t)
@@ -90,6 +92,7 @@ func TestElectionSentinelFailover(t *testing.T) {
 // retries until its context ends, with ErrTooFewReplicas as its last
 // error, and succeeds once the replica is back.
 func TestElectionReplicaAck(t *testing.T) {
+	t.Parallel() // servers of its own; it waits on them (see TestMain)
 	p := redistest.StartReplicaPair(t, true)
 	ctx := testCtx(t, hangGuard)
 	name := lockName(t)
