@@ -78,7 +78,10 @@ func (h *History) LastObserved(who string) int64 {
 //   - again: the term it received last, with the value it had (a term
 //     comes again only with a changed value, a Proclaim);
 //   - wrong: a value that a term published (Hold.Values) received with
-//     another term;
+//     another term; but a Campaign's value (the first) may come with an
+//     earlier term too: the Campaign's own, lost before it returned (it
+//     published, the reply was lost, and the term with it; it campaigned
+//     again);
 //   - skipped: a term that was held and published, whose Campaign began
 //     after the observer's first observation (so after it listened), and
 //     that it never received although it received a later one. (That it
@@ -116,7 +119,7 @@ func (h *History) CheckObserved() (bad []Violation) {
 		var top Observation
 		for i, o := range obs {
 			got[o.Term] = true
-			if hd := byValue[o.Res+"\x00"+o.Value]; hd != nil && hd.Fence != o.Term {
+			if hd := byValue[o.Res+"\x00"+o.Value]; hd != nil && wrongTerm(hd, o) {
 				bad = append(bad, Violation{At: o.At, Kind: KindObservedWrong, Holds: []*Hold{hd},
 					Msg: fmt.Sprintf("%v, but the value was published in term %d", o, hd.Fence)})
 			}
@@ -146,6 +149,13 @@ func (h *History) CheckObserved() (bad []Violation) {
 	}
 	slices.SortStableFunc(bad, func(a, b Violation) int { return cmp.Compare(a.At, b.At) })
 	return bad
+}
+
+// wrongTerm reports whether o's value cannot have been published with o's
+// term: only hd's term publishes its values, but its first (Campaign's) may
+// have been published by an earlier term of the same Campaign call.
+func wrongTerm(hd *Hold, o Observation) bool {
+	return o.Term > hd.Fence || o.Term < hd.Fence && o.Value != hd.Values[0]
 }
 
 // CheckLeading reports each heal after which no hold of res (a term of an

@@ -51,9 +51,14 @@ func TestCheckObserved(t *testing.T) {
 		{"a term again, unchanged", []Observation{
 			obs("o1", 2, 5, "a.0"), obs("o1", 3, 5, "a.0")},
 			[]string{KindObservedAgain}},
-		{"a value with another term", []Observation{
+		{"a value with a later term", []Observation{
 			obs("o1", 2, 5, "a.0"), obs("o1", 102, 6, "a.1")},
 			[]string{KindObservedWrong}},
+		{"a Proclaim's value with an earlier term", []Observation{
+			obs("o1", 2, 4, "a.1"), obs("o1", 3, 5, "a.0")},
+			[]string{KindObservedWrong}},
+		{"a Campaign's value with an earlier term of its own", []Observation{
+			obs("o1", 2, 4, "a.0"), obs("o1", 3, 5, "a.0")}, nil},
 		{"a term skipped", []Observation{
 			obs("o1", 2, 5, "a.0"), obs("o1", 202, 7, "c.0")},
 			[]string{KindObservedMissed}},

@@ -27,8 +27,13 @@ func TestMain(m *testing.M) {
 // (redistest.HolderFromEnv) and plays role.
 func runChild(role string) int {
 	cfg := redistest.HolderFromEnv(role)
-	if role == "partition" {
+	switch role {
+	case "partition":
 		return partitionRole(cfg)
+	case "candidate":
+		return candidateRole(cfg)
+	case "observer":
+		return observerRole(cfg)
 	}
 	redistest.Emit("fatal", "unknown-role", role)
 	return 2
