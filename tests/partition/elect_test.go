@@ -83,8 +83,8 @@ func serveUntilStop(cancel func(), done <-chan struct{}, closeAll func()) int {
 }
 
 // candidateRole is a candidate process of the election mode: it campaigns
-// with a deadline of 0.5–6 s, and while it leads, for 0.1–1.5 s or until
-// its term ends, writes to the register with its term as the fence
+// with a deadline of 0.5–6 s, and while it leads, for 0.1–1.5 s (a
+// quarter of the terms: 1–3 leases) or until its term ends, writes to the register with its term as the fence
 // (partSection) every 20–300 ms, proclaiming a new value after a quarter of
 // the writes; a term that was lost makes, half the time, one more write
 // with it (the late write of a leader that did not stop in time, which
@@ -138,7 +138,11 @@ func partTermOnce(ctx context.Context, rng *rand.Rand, e *remutex.DistElection, 
 		fence--
 	}
 	writer := fmt.Sprintf("%s.%d", proc, seq)
-	end := time.Now().Add(between(100*time.Millisecond, 1500*time.Millisecond))
+	span := between(100*time.Millisecond, 1500*time.Millisecond)
+	if rng.IntN(4) == 0 {
+		span = between(partLease, 3*partLease) // long enough to be lost in a cut
+	}
+	end := time.Now().Add(span)
 	for n := 1; time.Now().Before(end) && tctx.Err() == nil && ctx.Err() == nil; {
 		partSection(ctx, rng, reg, fence, writer, 0, seq)
 		if rng.IntN(4) == 0 {
@@ -223,8 +227,10 @@ func (run *partRun) stopCandidates(t *testing.T) {
 				continue
 			case <-ctx.Done():
 			}
-			run.hist.Violate(partObserver, ch.ID(), "had not received term %d (the last elected) %v after the candidates stopped; its last: %d",
-				top, partBack, run.hist.LastObserved(ch.ID()))
+			now := run.hist.Now()
+			run.hist.Violate(partObserver, ch.ID(), "had not received term %d (the last elected) %v after the candidates stopped; its last: %d; its events and the nemesis's before:\n%s",
+				top, partBack, run.hist.LastObserved(ch.ID()),
+				run.hist.Timeline(now-4*partBack, now, map[string]bool{ch.ID(): true, "nemesis": true}))
 			break
 		}
 	}

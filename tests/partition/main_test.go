@@ -17,7 +17,7 @@ func TestMain(m *testing.M) {
 	if role := redistest.ChildRole(); role != "" {
 		os.Exit(runChild(role))
 	}
-	redistest.DefaultParallel(len(partKinds)) // its kinds run at once
+	redistest.DefaultParallel(len(partKinds) + len(partChecks)) // its runs go at once
 	code := m.Run()
 	redistest.StopShared()
 	os.Exit(code)

@@ -59,11 +59,13 @@ const (
 // (elect_test.go).
 var partKinds = []string{"mutex", "rw", "sem", "elect"}
 
-// TestPartition runs the suite for each primitive, all at once.
+// TestPartition runs the suite for each primitive, all at once, and at
+// once with TestPartitionChecks.
 func TestPartition(t *testing.T) {
 	if testing.Short() {
 		t.Skip("skipped under -short: the partition suite cuts holders apart in network namespaces for its whole duration")
 	}
+	t.Parallel()
 	redistest.RequireNetns(t)
 	redistest.Require(t, "redis-server")
 	d := partShort
@@ -99,26 +101,34 @@ func TestPartition(t *testing.T) {
 	}
 }
 
+// partChecks are the runs of TestPartitionChecks: the kind, what its
+// first holder does wrong, how many holds to wait for, and the kinds of
+// violations one of which must be found (nil: none at all). (A correct
+// election is TestPartition's.)
+var partChecks = []struct {
+	kind   string
+	broken string
+	holds  int
+	want   []string
+}{
+	{"mutex", "", 20, nil},
+	{"mutex", "stalefence", 20, []string{lockcheck.KindRegister, lockcheck.KindRefused}},
+	{"elect", "stalefence", 6, []string{lockcheck.KindRegister, lockcheck.KindRefused}},
+}
+
 // TestPartitionChecks: on loopback and without a nemesis, the checks pass
-// a run of correct holders (an election's candidates and observers) and
-// fail one whose holder writes with a stale fence (the one before its own).
+// a run of correct holders and fail one whose holder (an election's
+// candidate) writes with a stale fence (the one before its own). Its runs
+// go at once, and at once with TestPartition's (an election's terms take
+// seconds).
 func TestPartitionChecks(t *testing.T) {
 	if testing.Short() {
 		t.Skip("skipped under -short: it runs holders in network namespaces")
 	}
-	for _, tc := range []struct {
-		kind   string
-		broken string
-		holds  int      // to wait for
-		want   []string // kinds, one of which must be found; nil: none at all
-	}{
-		{"mutex", "", 20, nil},
-		{"mutex", "stalefence", 20, []string{lockcheck.KindRegister, lockcheck.KindRefused}},
-		{"elect", "", 6, nil},
-		{"elect", "stalefence", 6, []string{lockcheck.KindRegister, lockcheck.KindRefused}},
-	} {
+	t.Parallel()
+	for _, tc := range partChecks {
 		t.Run(tc.kind+"/broken="+tc.broken, func(t *testing.T) {
-			t.Parallel() // (an election's terms take seconds)
+			t.Parallel()
 			run := startPartition(t, partConfig{kind: tc.kind, seed: 1, broken: tc.broken})
 			run.await(t, tc.holds)
 			run.finish(t)
