@@ -87,7 +87,7 @@ func TestPartition(t *testing.T) {
 	for i, kind := range partKinds {
 		t.Run(kind, func(t *testing.T) {
 			t.Parallel()
-			t.Logf("seed %d (replay: %s=%d go test ./tests/partition -run 'TestPartition/%s')", seed, partSeedEnv, seed, kind)
+			t.Logf("seed %d (replay: %s=%d go test ./tests/partition -run '^TestPartition$/%s')", seed, partSeedEnv, seed, kind)
 			run := startPartition(t, partConfig{kind: kind, seed: seed + uint64(i), net: true})
 			run.replay = seed
 			run.nemesis(t, d)
