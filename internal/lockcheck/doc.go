@@ -33,6 +33,17 @@
 //     fence that went back, or, for a semaphore, more writers at once than
 //     its permits.
 //
+// An election's terms are holds (the term their fence, the values they
+// published in Values), so the checks above find two leaders at once, terms
+// that went back and leaders' writes out of order. Its own checks:
+//
+//   - Observers (CheckObserved): what each observer received (Observed) in
+//     order: never a term below one received before, a term again only
+//     with a changed value, every value with the term that published it,
+//     and no term skipped that was elected while it listened.
+//   - Leading (CheckLeading): some term counts at some time within a limit
+//     of every heal of a fault.
+//
 // Violations recorded while a run goes (Violate) are reported with them. A
 // report lists the events around each violation in time order (Around,
 // Timeline), so that it can be read without running again.

@@ -54,6 +54,9 @@ type Hold struct {
 	IgnoreLost bool
 
 	Writes []Write // to the fenced register, in order
+	// Values are what an election's term published (Campaign's value, then
+	// each Proclaim's), in order; see CheckObserved.
+	Values []string
 }
 
 // Write is one write of a hold to the fenced register.
@@ -131,6 +134,7 @@ type History struct {
 	restarts []time.Duration // when Redis was killed
 	faults   int
 	bad      []Violation
+	observed []Observation // by observers of elections, in the order received
 }
 
 // New returns an empty history that starts now.

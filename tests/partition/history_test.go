@@ -2,6 +2,7 @@ package partition
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -17,8 +18,9 @@ import (
 // The kinds of violations the suite records while it runs; the checks'
 // are lockcheck's.
 const (
-	partIdle  = "lock not in use again after a heal"
-	partChild = "holder process"
+	partIdle     = "lock not in use again after a heal"
+	partChild    = "holder process"
+	partObserver = "observer behind at the end"
 )
 
 // partHistory reads the holders' reports into a lockcheck.History, and
@@ -29,13 +31,16 @@ type partHistory struct {
 
 	mu    sync.Mutex
 	holds map[string]*lockcheck.Hold // by holder process, goroutine and sequence number
+	open  map[*lockcheck.Hold]bool   // held, neither lost nor released yet (as reported so far)
 	last  time.Time                  // of the latest acquisition
 	n     int                        // acquisitions
-	kick  chan struct{}              // closed at an acquisition
+	kick  chan struct{}              // closed at an acquisition or an observation
+	heals []time.Duration            // when the nemesis healed its cuts
 }
 
 func newPartHistory(kind string) *partHistory {
-	return &partHistory{History: lockcheck.New(), kind: kind, holds: map[string]*lockcheck.Hold{}, kick: make(chan struct{})}
+	return &partHistory{History: lockcheck.New(), kind: kind, holds: map[string]*lockcheck.Hold{},
+		open: map[*lockcheck.Hold]bool{}, kick: make(chan struct{})}
 }
 
 func partTime(s string) time.Time {
@@ -58,8 +63,13 @@ func (ph *partHistory) hold(proc, g, seq string) *lockcheck.Hold {
 	return hd
 }
 
-// add records one event of a holder process (see partitionRole).
+// add records one event of a holder process (see partitionRole,
+// candidateRole and observerRole).
 func (ph *partHistory) add(proc string, f []string) {
+	if f[0] == "observe" && len(f) == 4 { // observe received term value
+		ph.observe(proc, f)
+		return
+	}
 	if len(f) < 4 {
 		ph.Log(proc, "%s", strings.Join(f, " "))
 		return
@@ -67,6 +77,7 @@ func (ph *partHistory) add(proc string, f []string) {
 	hd := ph.hold(proc, f[1], f[2])
 	at := func(s string) string { return lockcheck.At(ph.Rel(partTime(s))) }
 	var ev lockcheck.Event
+	var opened, closed bool
 	ph.Update(func() {
 		switch f[0] {
 		case "lock": // lock g seq mode call deadline ret err fence
@@ -83,8 +94,19 @@ func (ph *partHistory) add(proc string, f []string) {
 			hd.Fence, _ = strconv.ParseInt(f[8], 10, 64)
 			ev = lockcheck.Event{At: hd.Start, Who: proc, What: fmt.Sprintf("%s %s lock returned %s fence %d (called %s, deadline %s)",
 				hd.Who, f[3], f[7], hd.Fence, at(f[4]), at(f[5]))}
+			if len(f) > 9 { // an election's Campaign: ... value
+				hd.Values = append(hd.Values, f[9])
+				ev.What = fmt.Sprintf("%s campaign %s returned %s term %d (called %s, deadline %s)",
+					hd.Who, f[9], f[7], hd.Fence, at(f[4]), at(f[5]))
+			}
+			opened = hd.Held()
+		case "proclaim": // proclaim g seq call deadline ret err value
+			hd.Values = append(hd.Values, f[7])
+			ev = lockcheck.Event{At: ph.Rel(partTime(f[5])), Who: proc, What: fmt.Sprintf("%s proclaim %s returned %s (called %s, deadline %s)",
+				hd.Who, f[7], f[6], at(f[3]), at(f[4]))}
 		case "lost": // lost g seq at
 			hd.LostAt = ph.Rel(partTime(f[3]))
+			closed = true
 			ev = lockcheck.Event{At: hd.LostAt, Who: proc, What: hd.Who + " Lost closed"}
 		case "write": // write g seq op call ret res
 			w := lockcheck.Write{Op: f[3], Call: ph.Rel(partTime(f[4])), Ret: ph.Rel(partTime(f[5])), Res: f[6]}
@@ -95,6 +117,7 @@ func (ph *partHistory) add(proc string, f []string) {
 			if f[7] != "nil" {
 				hd.ReleaseErr = f[7]
 			}
+			closed = true
 			ev = lockcheck.Event{At: hd.ReleaseRet, Who: proc, What: fmt.Sprintf("%s unlock returned %s (called %s, deadline %s)",
 				hd.Who, f[7], at(f[4]), at(f[5]))}
 		default:
@@ -102,9 +125,68 @@ func (ph *partHistory) add(proc string, f []string) {
 		}
 	})
 	ph.Event(ev.At, ev.Who, ev.What)
+	ph.mu.Lock()
+	if opened {
+		ph.open[hd] = true
+	}
+	if closed {
+		delete(ph.open, hd)
+	}
+	ph.mu.Unlock()
 	if f[0] == "lock" && f[7] == "nil" {
 		ph.acquiredAt(partTime(f[6]))
 	}
+}
+
+// observe records an observer's leader: observe received term value.
+func (ph *partHistory) observe(proc string, f []string) {
+	o := lockcheck.Observation{At: ph.Rel(partTime(f[1])), Who: proc, Res: ph.kind, Value: f[3]}
+	o.Term, _ = strconv.ParseInt(f[2], 10, 64)
+	ph.Observed(o)
+	ph.Event(o.At, proc, fmt.Sprintf("observed term %d value %s", o.Term, o.Value))
+	ph.mu.Lock()
+	defer ph.mu.Unlock()
+	ph.wake()
+}
+
+// wake wakes whoever waits for a change (under ph.mu).
+func (ph *partHistory) wake() {
+	close(ph.kick)
+	ph.kick = make(chan struct{})
+}
+
+// healed records a heal of the nemesis at at.
+func (ph *partHistory) healed(at time.Duration) {
+	ph.mu.Lock()
+	defer ph.mu.Unlock()
+	ph.heals = append(ph.heals, at)
+}
+
+// all returns the holds recorded so far; their fields are read in
+// Update.
+func (ph *partHistory) all() []*lockcheck.Hold {
+	ph.mu.Lock()
+	defer ph.mu.Unlock()
+	holds := make([]*lockcheck.Hold, 0, len(ph.holds))
+	for _, hd := range ph.holds {
+		holds = append(holds, hd)
+	}
+	return holds
+}
+
+// topTerm returns the highest fence (an election's term) a lock call
+// returned.
+func (ph *partHistory) topTerm() int64 {
+	holds := ph.all()
+	var top int64
+	ph.Update(func() {
+		for _, hd := range holds {
+			if hd.Held() {
+				top = max(top, hd.Fence)
+			}
+		}
+	})
+	return top
 }
 
 // acquiredAt counts an acquisition that returned at ret, and wakes whoever
@@ -116,8 +198,7 @@ func (ph *partHistory) acquiredAt(ret time.Time) {
 	if ret.After(ph.last) {
 		ph.last = ret
 	}
-	close(ph.kick)
-	ph.kick = make(chan struct{})
+	ph.wake()
 }
 
 func (ph *partHistory) changed() <-chan struct{} {
@@ -152,6 +233,27 @@ func (ph *partHistory) waitAcquired(since time.Time, d time.Duration) bool {
 	}
 }
 
+// waitLeading waits until a hold is open (an election's term: somebody
+// leads), or a lock call that returned after since held, for at most d.
+// It paces the nemesis; CheckLeading judges afterwards.
+func (ph *partHistory) waitLeading(since time.Time, d time.Duration) {
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	for {
+		ph.mu.Lock()
+		ok, kick := len(ph.open) > 0 || !ph.last.Before(since), ph.kick
+		ph.mu.Unlock()
+		if ok {
+			return
+		}
+		select {
+		case <-kick:
+		case <-timer.C:
+			return
+		}
+	}
+}
+
 // partRegisterLog is what the register saw.
 type partRegisterLog struct {
 	accepted []redistest.Write
@@ -178,8 +280,21 @@ type partRegisterLog struct {
 //     deadline;
 //
 // plus the violations recorded while the run went (the lock not in use
-// again within partBack of a heal, holder processes that failed).
+// again within partBack of a heal, holder processes that failed). An
+// election's terms are its holds (exclusive, fenced by the term); its
+// observers are checked by CheckObserved, and a term must count within
+// partBack of every heal (CheckLeading).
 func checkPartition(ph *partHistory, reg partRegisterLog) []lockcheck.Violation {
+	if ph.kind == "elect" {
+		lim := lockcheck.Limits{LostSlack: partSlack, Late: partLate, FencesByReturn: true}
+		bad, _ := ph.Check(lim)
+		bad = append(bad, ph.CheckRegister(reg.accepted, reg.found, 0)...)
+		bad = append(bad, ph.CheckObserved()...)
+		ph.mu.Lock()
+		heals := slices.Clone(ph.heals)
+		ph.mu.Unlock()
+		return append(bad, ph.CheckLeading(ph.kind, heals, partBack, lim)...)
+	}
 	lim := lockcheck.Limits{LostSlack: partSlack, Late: partLate, FencesByReturn: ph.kind != "sem"}
 	permits := 0
 	if ph.kind == "sem" {

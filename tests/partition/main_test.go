@@ -17,7 +17,7 @@ func TestMain(m *testing.M) {
 	if role := redistest.ChildRole(); role != "" {
 		os.Exit(runChild(role))
 	}
-	redistest.DefaultParallel(len(partKinds)) // its kinds run at once
+	redistest.DefaultParallel(len(partKinds) + len(partChecks)) // its runs go at once
 	code := m.Run()
 	redistest.StopShared()
 	os.Exit(code)
@@ -27,8 +27,13 @@ func TestMain(m *testing.M) {
 // (redistest.HolderFromEnv) and plays role.
 func runChild(role string) int {
 	cfg := redistest.HolderFromEnv(role)
-	if role == "partition" {
+	switch role {
+	case "partition":
 		return partitionRole(cfg)
+	case "candidate":
+		return candidateRole(cfg)
+	case "observer":
+		return observerRole(cfg)
 	}
 	redistest.Emit("fatal", "unknown-role", role)
 	return 2

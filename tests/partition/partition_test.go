@@ -1,11 +1,9 @@
 package partition
 
 import (
-	"bufio"
 	"cmp"
 	"context"
 	"fmt"
-	"log/slog"
 	"math/rand/v2"
 	"os"
 	"slices"
@@ -14,8 +12,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 
 	"github.com/remutex/remutex"
 	"github.com/remutex/remutex/internal/lockcheck"
@@ -29,7 +25,8 @@ import (
 // holder off, Redis off from everyone, or one direction between a holder
 // and Redis, for 0.2–2.5 leases, and heals. Afterwards the history the
 // holders reported (wall-clock times of one machine, so comparable) and
-// the register's log are checked; see checkPartition.
+// the register's log are checked; see checkPartition. In the election's
+// run, candidates and observers take the holders' place (elect_test.go).
 //
 //	REMUTEX_PARTITION_SEED=n        replays the nemesis of seed n (each run prints its seed)
 //	REMUTEX_PARTITION_DURATION=10m  runs each primitive that long (default partShort)
@@ -40,7 +37,7 @@ import (
 const (
 	partSeedEnv     = "REMUTEX_PARTITION_SEED"
 	partDurationEnv = "REMUTEX_PARTITION_DURATION"
-	partKindEnv     = "REMUTEX_PARTITION_KIND"   // child: mutex, rw or sem
+	partKindEnv     = "REMUTEX_PARTITION_KIND"   // child: mutex, rw or sem (a holder's)
 	partBrokenEnv   = "REMUTEX_PARTITION_BROKEN" // child: "stalefence" writes with the fence before its own
 	partSeedChild   = "REMUTEX_PARTITION_CHILD_SEED"
 
@@ -58,14 +55,17 @@ const (
 )
 
 // partKinds are the kinds of lock the suite cuts apart, all at once (see
-// TestMain).
-var partKinds = []string{"mutex", "rw", "sem"}
+// TestMain): the mutex, the RW mutex, the semaphore and the election
+// (elect_test.go).
+var partKinds = []string{"mutex", "rw", "sem", "elect"}
 
-// TestPartition runs the suite for each primitive, the three at once.
+// TestPartition runs the suite for each primitive, all at once, and at
+// once with TestPartitionChecks.
 func TestPartition(t *testing.T) {
 	if testing.Short() {
 		t.Skip("skipped under -short: the partition suite cuts holders apart in network namespaces for its whole duration")
 	}
+	t.Parallel()
 	redistest.RequireNetns(t)
 	redistest.Require(t, "redis-server")
 	d := partShort
@@ -82,41 +82,60 @@ func TestPartition(t *testing.T) {
 			t.Fatalf("%s=%q: %v", partSeedEnv, s, err)
 		}
 	}
-	// The three kinds run at once, each with its own namespaces, servers
-	// and register: nothing of one run reaches another's.
+	// The kinds run at once, each with its own namespaces, servers and
+	// register: nothing of one run reaches another's.
 	for i, kind := range partKinds {
 		t.Run(kind, func(t *testing.T) {
 			t.Parallel()
-			t.Logf("seed %d (replay: %s=%d go test ./tests/partition -run 'TestPartition/%s')", seed, partSeedEnv, seed, kind)
+			t.Logf("seed %d (replay: %s=%d go test ./tests/partition -run '^TestPartition$/%s')", seed, partSeedEnv, seed, kind)
 			run := startPartition(t, partConfig{kind: kind, seed: seed + uint64(i), net: true})
 			run.replay = seed
 			run.nemesis(t, d)
 			run.finish(t)
 			t.Log(run.hist.Summary())
+			if kind == "elect" {
+				t.Log(run.electSummary(t))
+			}
 			run.reportAll(t, checkPartition(run.hist, run.register(t)))
 		})
 	}
 }
 
+// partChecks are the runs of TestPartitionChecks: the kind, what its
+// first holder does wrong, how many holds to wait for, and the kinds of
+// violations one of which must be found (nil: none at all). (A correct
+// election is TestPartition's.)
+var partChecks = []struct {
+	kind   string
+	broken string
+	holds  int
+	want   []string
+}{
+	{"mutex", "", 20, nil},
+	{"mutex", "stalefence", 20, []string{lockcheck.KindRegister, lockcheck.KindRefused}},
+	{"elect", "stalefence", 6, []string{lockcheck.KindRegister, lockcheck.KindRefused}},
+}
+
 // TestPartitionChecks: on loopback and without a nemesis, the checks pass
-// a run of correct holders and fail one whose holder writes with a stale
-// fence (the one before its own).
+// a run of correct holders and fail one whose holder (an election's
+// candidate) writes with a stale fence (the one before its own). Its runs
+// go at once, and at once with TestPartition's (an election's terms take
+// seconds).
 func TestPartitionChecks(t *testing.T) {
 	if testing.Short() {
 		t.Skip("skipped under -short: it runs holders in network namespaces")
 	}
-	for _, tc := range []struct {
-		broken string
-		want   []string // kinds, one of which must be found; nil: none at all
-	}{
-		{"", nil},
-		{"stalefence", []string{lockcheck.KindRegister, lockcheck.KindRefused}},
-	} {
-		t.Run("broken="+tc.broken, func(t *testing.T) {
-			run := startPartition(t, partConfig{kind: "mutex", seed: 1, broken: tc.broken})
-			run.await(t, 20)
+	t.Parallel()
+	for _, tc := range partChecks {
+		t.Run(tc.kind+"/broken="+tc.broken, func(t *testing.T) {
+			t.Parallel()
+			run := startPartition(t, partConfig{kind: tc.kind, seed: 1, broken: tc.broken})
+			run.await(t, tc.holds)
 			run.finish(t)
 			viol := checkPartition(run.hist, run.register(t))
+			if tc.kind == "elect" {
+				t.Log(run.electSummary(t))
+			}
 			found, wanted := map[string]int{}, 0
 			for _, v := range viol {
 				found[v.Kind]++
@@ -139,7 +158,7 @@ func TestPartitionChecks(t *testing.T) {
 // ---------------------------------------------------------------- the run
 
 type partConfig struct {
-	kind   string // mutex, rw, sem
+	kind   string // mutex, rw, sem, elect
 	seed   uint64
 	net    bool   // in network namespaces, with a nemesis; else on loopback
 	broken string // what the first holder does wrong (partBrokenEnv)
@@ -147,35 +166,39 @@ type partConfig struct {
 
 // partRun is one run: the processes, the register and the history.
 type partRun struct {
-	kind     string
-	seed     uint64         // of this run's nemesis and holders
-	replay   uint64         // the seed that replays it (partSeedEnv)
-	net      *redistest.Net // nil on loopback
-	reg      *redistest.Register
-	children []*redistest.Child
-	hist     *partHistory
-	stop     chan struct{} // closed to stop the collectors
-	wg       sync.WaitGroup
+	kind      string
+	seed      uint64         // of this run's nemesis and holders
+	replay    uint64         // the seed that replays it (partSeedEnv)
+	net       *redistest.Net // nil on loopback
+	reg       *redistest.Register
+	members   []partMember
+	children  []*redistest.Child // one per member
+	stopped   []bool             // sent "stop" (by the test's goroutine)
+	hist      *partHistory
+	stop      chan struct{}   // closed to stop the collectors
+	collected []chan struct{} // closed when the collector of each child returned
+	wg        sync.WaitGroup
 }
 
 func startPartition(t *testing.T, cfg partConfig) *partRun {
 	t.Helper()
-	run := &partRun{kind: cfg.kind, seed: cfg.seed, stop: make(chan struct{})}
-	holders := make([]string, partHolders)
-	for i := range holders {
-		holders[i] = "h" + strconv.Itoa(i+1)
+	run := &partRun{kind: cfg.kind, seed: cfg.seed, members: partMembers(cfg.kind), stop: make(chan struct{})}
+	nodes := []string{"redis"}
+	for _, m := range run.members {
+		nodes = append(nodes, m.node)
 	}
 	var srv *redistest.Server
 	if cfg.net {
-		run.net = redistest.NewNet(t, append([]string{"redis"}, holders...)...)
+		run.net = redistest.NewNet(t, nodes...)
 		srv = run.net.StartServer(t, "redis")
 	} else {
 		srv = redistest.Start(t)
 	}
 	regSrv := redistest.StartUnix(t)
 	run.reg = redistest.NewRegisterOn(t, regSrv)
-	for i, h := range holders {
-		c := redistest.HolderConfig{Role: "partition", Addr: srv.Addr(), Name: "partition", Lease: partLease,
+	for i, m := range run.members {
+		h := m.node
+		c := redistest.HolderConfig{Role: m.role, Addr: srv.Addr(), Name: "partition", Lease: partLease,
 			Register: regSrv.UnixSocket(), RegisterKey: run.reg.Key(), ID: h, Goroutines: partRoutine}
 		env := append(c.Env(), partKindEnv+"="+cfg.kind, partSeedChild+"="+strconv.FormatUint(cfg.seed+uint64(i+1)*7919, 10))
 		if i == 0 && cfg.broken != "" {
@@ -188,14 +211,19 @@ func startPartition(t *testing.T, cfg partConfig) *partRun {
 			ch = redistest.StartChild(t, c.Role, h, env...)
 		}
 		run.children = append(run.children, ch)
+		run.stopped = append(run.stopped, false)
 	}
 	for _, ch := range run.children {
 		ch.Expect(t, "ready", 30*time.Second)
 	}
 	run.hist = newPartHistory(cfg.kind) // its times count from here
-	for _, ch := range run.children {
+	run.collected = make([]chan struct{}, len(run.children))
+	for i := range run.collected {
+		run.collected[i] = make(chan struct{})
+	}
+	for i := range run.children {
 		run.wg.Add(1)
-		go run.collect(ch)
+		go run.collect(i)
 	}
 	t.Cleanup(func() { // a run that failed before finish
 		select {
@@ -208,10 +236,12 @@ func startPartition(t *testing.T, cfg partConfig) *partRun {
 	return run
 }
 
-// collect moves ch's events into the history as they come, until ch exits
-// or the run stops.
-func (run *partRun) collect(ch *redistest.Child) {
+// collect moves the events of child i into the history as they come,
+// until it exits or the run stops.
+func (run *partRun) collect(i int) {
 	defer run.wg.Done()
+	defer close(run.collected[i])
+	ch := run.children[i]
 	for {
 		for _, f := range ch.TakeAll("p") {
 			run.hist.add(ch.ID(), f)
@@ -252,10 +282,12 @@ type partOp struct {
 	do   func(n *redistest.Net) error
 }
 
-func partOps() []partOp {
+// partOps are the faults of a run of members: Redis cut off, and each
+// member cut off, or one way between it and Redis.
+func partOps(members []partMember) []partOp {
 	ops := []partOp{{"cut redis off from everyone", func(n *redistest.Net) error { return n.Isolate("redis") }}}
-	for i := 1; i <= partHolders; i++ {
-		h := "h" + strconv.Itoa(i)
+	for _, m := range members {
+		h := m.node
 		ops = append(ops,
 			partOp{"cut " + h + " off", func(n *redistest.Net) error { return n.Isolate(h) }},
 			partOp{"cut " + h + "→redis", func(n *redistest.Net) error { return n.CutOut(h) }},
@@ -267,11 +299,12 @@ func partOps() []partOp {
 
 // nemesis cuts and heals for d: each cut lasts 0.2–2.5 leases; after each
 // heal it waits until the lock is in use again (a violation if not within
-// partBack), then 0.1–1 lease more.
+// partBack; an election's is checked afterwards: see checkPartition), then
+// 0.1–1 lease more.
 func (run *partRun) nemesis(t *testing.T, d time.Duration) {
 	t.Helper()
 	rng := rand.New(rand.NewPCG(run.seed, 0x9e3779b97f4a7c15))
-	ops := partOps()
+	ops := partOps(run.members)
 	between := func(lo, hi float64) time.Duration {
 		return time.Duration((lo + rng.Float64()*(hi-lo)) * float64(partLease))
 	}
@@ -291,18 +324,28 @@ func (run *partRun) nemesis(t *testing.T, d time.Duration) {
 		}
 		healed := time.Now()
 		at := run.hist.Log("nemesis", "heal")
-		if !run.hist.waitAcquired(healed, partBack) {
+		run.hist.healed(at)
+		if run.kind == "elect" {
+			run.hist.waitLeading(healed, partBack)
+		} else if !run.hist.waitAcquired(healed, partBack) {
 			run.hist.Violate(partIdle, "nemesis", "no acquisition within %v of the heal at %s", partBack, lockcheck.At(at))
 		}
 		time.Sleep(between(0.1, 1))
 	}
 }
 
-// finish stops the holders and waits for them to report the end.
+// finish stops the holders and waits for them to report the end; an
+// election's candidates first, so that its observers can catch up.
 func (run *partRun) finish(t *testing.T) {
 	t.Helper()
-	for _, ch := range run.children {
-		ch.Send(t, "stop")
+	if run.kind == "elect" {
+		run.stopCandidates(t)
+	}
+	for i, ch := range run.children {
+		if !run.stopped[i] {
+			ch.Send(t, "stop")
+			run.stopped[i] = true
+		}
 	}
 	// The collectors stop first: Expect waits on the channel they read.
 	close(run.stop)
@@ -410,9 +453,7 @@ func partitionRole(cfg redistest.HolderConfig) int {
 	kind := os.Getenv(partKindEnv)
 	seed, _ := strconv.ParseUint(os.Getenv(partSeedChild), 10, 64)
 	broken := os.Getenv(partBrokenEnv)
-	rdb := redis.NewClient(&redis.Options{Addr: cfg.Addr})
-	c := remutex.NewClient(rdb, remutex.WithLogger(slog.New(slog.DiscardHandler)))
-	reg := redistest.OpenRegister(cfg.Register, cfg.RegisterKey)
+	c, reg, closeAll := childSetup(cfg)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	for g, l := range partLockers(c, kind, cfg.Goroutines) {
@@ -425,17 +466,12 @@ func partitionRole(cfg redistest.HolderConfig) int {
 			}
 		}()
 	}
-	redistest.Emit("ready")
-	sc := bufio.NewScanner(os.Stdin)
-	for sc.Scan() && sc.Text() != "stop" {
-	}
-	cancel()
-	wg.Wait()
-	_ = c.Close()
-	_ = rdb.Close()
-	_ = reg.Close()
-	redistest.Emit("done")
-	return 0
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		wg.Wait()
+	}()
+	return serveUntilStop(cancel, done, closeAll)
 }
 
 // partHoldOnce is one lock call and, if it holds, one write and unlock.
@@ -459,15 +495,7 @@ func partHoldOnce(ctx context.Context, rng *rand.Rand, l partLocker, reg *redist
 	if err != nil {
 		return
 	}
-	lost, quit, watched := l.lost(), make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(watched)
-		select {
-		case <-lost:
-			redistest.Emit("p", "lost", g, seq, time.Now().UnixNano())
-		case <-quit:
-		}
-	}()
+	unwatch := watchLost(l.lost(), g, seq)
 	if l.write {
 		if kind == "sem" {
 			fence = 0 // the register counts the semaphore's writers
@@ -478,13 +506,36 @@ func partHoldOnce(ctx context.Context, rng *rand.Rand, l partLocker, reg *redist
 	} else {
 		time.Sleep(partBetween(rng, time.Millisecond, 100*time.Millisecond))
 	}
-	close(quit)
-	<-watched
-	call = time.Now()
-	deadline = call.Add(between(500*time.Millisecond, 3*time.Second))
+	unwatch()
+	partRelease(ctx, rng, l.unlock, mode, g, seq)
+}
+
+// watchLost emits "p lost <g> <seq> <when>" when lost closes, until the
+// function it returns is called; that waits for the watcher to exit.
+func watchLost(lost <-chan struct{}, g, seq int) (unwatch func()) {
+	quit, watched := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(watched)
+		select {
+		case <-lost:
+			redistest.Emit("p", "lost", g, seq, time.Now().UnixNano())
+		case <-quit:
+		}
+	}()
+	return func() {
+		close(quit)
+		<-watched
+	}
+}
+
+// partRelease is a hold's unlock (a term's Resign) with a deadline of
+// 0.5–3 s, reported.
+func partRelease(ctx context.Context, rng *rand.Rand, unlock func(context.Context) error, mode string, g, seq int) {
+	call := time.Now()
+	deadline := call.Add(partBetween(rng, 500*time.Millisecond, 3*time.Second))
 	uctx, ucancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
-	err = l.unlock(uctx)
-	ret = time.Now()
+	err := unlock(uctx)
+	ret := time.Now()
 	ucancel()
 	redistest.Emit("p", "unlock", g, seq, mode, call.UnixNano(), deadline.UnixNano(), ret.UnixNano(), errKind(err))
 }
