@@ -80,7 +80,7 @@ type subEntry struct {
 	// connection given up, a slot moved): its confirmation wakes every
 	// listener, since a message may have been missed meanwhile, and a wake
 	// before it could not yet tell.
-	redone bool
+	redone    bool
 	idleSince time.Time // when refs last dropped to 0
 }
 
