@@ -147,13 +147,16 @@ func ExampleDistMutex_LockContext() {
 	holder.Lock()
 
 	m := b.NewMutex("report:daily")
-	// (A second: the error reads as below when no call is still out at
-	// the deadline; one in flight adds what it was waiting for.)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
 	err := m.LockContext(ctx)
 	fmt.Println("timed out:", errors.Is(err, context.DeadlineExceeded))
-	fmt.Println(err)
+	// The error names the lock and the operation; when a call was still out
+	// at the deadline it also says what it was waiting for.
+	var le *remutex.LockError
+	if errors.As(err, &le) {
+		fmt.Println("lock:", le.Lock, "op:", le.Op)
+	}
 
 	holder.Unlock()
 	if err := m.LockContext(context.Background()); err != nil {
@@ -166,7 +169,7 @@ func ExampleDistMutex_LockContext() {
 	}
 	// Output:
 	// timed out: true
-	// remutex: lock "report:daily": context deadline exceeded
+	// lock: report:daily op: lock
 	// locked after the holder let go
 }
 
