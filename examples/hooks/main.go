@@ -60,12 +60,13 @@ func main() {
 // metrics are the counters the hook feeds.
 type metrics struct {
 	vars *expvar.Map
+	lost chan struct{} // a token for each EventLost counted (up to its capacity)
 }
 
 // newMetrics returns counters that are not yet published, so that tests can
 // make many.
 func newMetrics() *metrics {
-	return &metrics{vars: new(expvar.Map).Init()}
+	return &metrics{vars: new(expvar.Map).Init(), lost: make(chan struct{}, 1)}
 }
 
 // hook returns the function for WithHook: it counts ev and logs it, in the
@@ -91,6 +92,12 @@ func (m *metrics) count(ev remutex.Event) {
 		}
 	case remutex.EventReleased, remutex.EventLost:
 		m.vars.AddFloat("held_seconds", ev.Duration.Seconds())
+		if ev.Kind == remutex.EventLost {
+			select {
+			case m.lost <- struct{}{}:
+			default:
+			}
+		}
 	case remutex.EventRenewed:
 		m.vars.AddFloat("renew_seconds", ev.Duration.Seconds())
 	}
@@ -246,7 +253,7 @@ func run(ctx context.Context, w io.Writer, addr string, m *metrics) error {
 		return err
 	}
 	fmt.Fprintln(out, "-- the lock's key is deleted behind its holder's back")
-	if err := lose(ctx, mutex(), rdb, key); err != nil {
+	if err := lose(ctx, mutex(), rdb, key, m.lost); err != nil {
 		return err
 	}
 	fmt.Fprintf(out, "-- expvar (/debug/vars) \"remutex\": %s\n", m.vars.String())
@@ -354,8 +361,11 @@ func giveUp(ctx context.Context, mutex func() *remutex.DistMutex, timeout time.D
 }
 
 // lose takes m and deletes its key in Redis behind its back: the next
-// renewal finds it gone (lost), and Unlock reports ErrLockLost.
-func lose(ctx context.Context, m *remutex.DistMutex, rdb *redis.Client, key string) error {
+// renewal finds it gone (lost), and Unlock reports ErrLockLost. It returns
+// once the hook has counted the loss (a token on hooked): the hook runs on the
+// watchdog's goroutine after Lost's channel is closed, so the channel alone
+// does not say the counters are final.
+func lose(ctx context.Context, m *remutex.DistMutex, rdb *redis.Client, key string, hooked <-chan struct{}) error {
 	if err := m.LockContext(ctx); err != nil {
 		return err
 	}
@@ -371,5 +381,10 @@ func lose(ctx context.Context, m *remutex.DistMutex, rdb *redis.Client, key stri
 	if err := m.UnlockContext(ctx); !errors.Is(err, remutex.ErrLockLost) {
 		return fmt.Errorf("unlock of a lost hold: got %v, want ErrLockLost", err)
 	}
-	return nil
+	select {
+	case <-hooked:
+		return nil
+	case <-ctx.Done():
+		return errors.New("the hook was not told of the loss")
+	}
 }
