@@ -120,10 +120,22 @@ func benchName(b *testing.B) string {
 
 // BenchmarkLockUnlock is one uncontended Lock+Unlock cycle: one round trip to
 // acquire, one to release. client-cpu-us/op is this process's CPU per cycle.
+// ContextTimeout: the go-redis client has ContextTimeoutEnabled, so that
+// Unlock's call goes on its caller's goroutine (see docs/performance.md).
 func BenchmarkLockUnlock(b *testing.B) {
+	benchLockUnlock(b, false)
+}
+
+func BenchmarkLockUnlockContextTimeout(b *testing.B) {
+	benchLockUnlock(b, true)
+}
+
+func benchLockUnlock(b *testing.B, contextTimeout bool) {
 	addr := benchAddr(b)
 	var cnt rttCounter
-	c := clientOn(b, benchRDB(b, addr, &cnt))
+	rdb := newRDB(b, &redis.Options{Addr: addr, ContextTimeoutEnabled: contextTimeout})
+	rdb.AddHook(&cnt)
+	c := clientOn(b, rdb)
 	m := c.NewMutex(benchName(b))
 	m.Lock() // load the scripts, open the connection
 	m.Unlock()

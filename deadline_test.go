@@ -95,11 +95,15 @@ func testDeadlines(t *testing.T, s stalled, opt func(*redis.Options)) {
 	m := c.NewMutex(name)
 	held := c.NewMutex(name+"-held", NonReentrant())
 	plain := c.NewMutex(name+"-plain", NonReentrant()) // (any goroutine may unlock it)
+	// A Client with no other call in flight: its Unlock's call goes on the
+	// caller's goroutine when the go-redis client follows contexts.
+	lone := clientOn(t, newRDB(t, o)).NewMutex(name+"-lone", NonReentrant())
 	if s.check != nil {
 		m.Lock() // warm up: connections, scripts
 		m.Unlock()
 		held.Lock()
 		plain.Lock()
+		lone.Lock()
 	}
 	s.stall()
 	defer s.resume()
@@ -140,9 +144,13 @@ func testDeadlines(t *testing.T, s stalled, opt func(*redis.Options)) {
 		plain.Unlock()
 		return nil
 	})
+	within(t, "Unlock with nothing else in flight", UnlockTimeout, func() error {
+		lone.Unlock()
+		return nil
+	})
 	s.resume()
 	// What the calls cut off may have done is undone once Redis answers.
-	for _, key := range []string{m.spec.hash(), m.spec.Keys[2], held.spec.hash(), plain.spec.hash()} {
+	for _, key := range []string{m.spec.hash(), m.spec.Keys[2], held.spec.hash(), plain.spec.hash(), lone.spec.hash()} {
 		waitFor(t, "no key "+key+" left behind", func() bool { return s.check.Exists(context.Background(), key).Val() == 0 })
 	}
 }

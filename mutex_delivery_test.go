@@ -47,8 +47,16 @@ type deliveryRig struct {
 
 func newDeliveryRig(t *testing.T, b *testBackend) *deliveryRig {
 	t.Helper()
+	return newDeliveryRigWith(t, b, func(*redis.Options) {})
+}
+
+// newDeliveryRigWith is newDeliveryRig with go-redis options changed by opt.
+func newDeliveryRigWith(t *testing.T, b *testBackend, opt func(*redis.Options)) *deliveryRig {
+	t.Helper()
 	p := redistest.NewFaultProxy(t, b.addr)
-	rdb := newRDB(t, &redis.Options{Addr: p.Addr(), ReadTimeout: deliveryReadTimeout})
+	o := &redis.Options{Addr: p.Addr(), ReadTimeout: deliveryReadTimeout}
+	opt(o)
+	rdb := newRDB(t, o)
 	name := lockName(t)
 	r := &deliveryRig{p: p, m: clientOn(t, rdb).NewMutex(name), g: newFaultGoroutine(t),
 		other: b.client(t).NewMutex(name), check: rdbAt(t, b.addr)}
@@ -191,6 +199,34 @@ func TestLateUndoOfUnlockContext(t *testing.T) {
 		})
 		if !errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("UnlockContext whose reply was dropped: got %v, want DeadlineExceeded", err)
+		}
+		faultAwait(t, cut.Done(1), hangGuard, "the release applied, its reply dropped")
+		lost := r.lockAgain(t, late)
+		r.checkIntact(t, late, lost)
+	})
+}
+
+// TestLateUndoOfUnlock: a plain Unlock on a go-redis client with
+// ContextTimeoutEnabled sends its release on its own goroutine; Redis
+// applies it and the reply is dropped. Unlock returns after UnlockTimeout,
+// before go-redis's ReadTimeout (1.2s here), and posts the release again;
+// that copy is held on its connection, sent again on another once
+// ReadTimeout ends the wait for it, and answered. The goroutine locks
+// again; then the held copy arrives.
+func TestLateUndoOfUnlock(t *testing.T) {
+	eachBackendParallel(t, func(t *testing.T, b *testBackend) {
+		r := newDeliveryRigWith(t, b, func(o *redis.Options) { o.ContextTimeoutEnabled, o.ReadTimeout = true, 1200*time.Millisecond })
+		r.g.do(t, hangGuard, "Lock", r.m.Lock)
+		late := r.holdUndo(mutexScripts.release)
+		cut := r.dropNextReply()
+		var took time.Duration
+		r.g.do(t, hangGuard, "Unlock cut off", func() {
+			start := time.Now()
+			r.m.Unlock()
+			took = time.Since(start)
+		})
+		if took > UnlockTimeout+deadlineSlack {
+			t.Errorf("Unlock whose reply was dropped returned after %v, want within %v (+%v)", took, UnlockTimeout, deadlineSlack)
 		}
 		faultAwait(t, cut.Done(1), hangGuard, "the release applied, its reply dropped")
 		lost := r.lockAgain(t, late)

@@ -14,7 +14,11 @@ import (
 // count, and the final one releases the lock and passes it on.
 
 // UnlockTimeout bounds Unlock (and Release, RUnlock): it returns within it
-// whatever Redis does, and the release goes on in the background.
+// whatever Redis does, and the release goes on in the background. With a
+// go-redis client that has ContextTimeoutEnabled, Unlock sends its release
+// on its own goroutine when nothing else of the Client is in flight (go-redis
+// then ends the call at UnlockTimeout); otherwise a goroutine of the Client
+// sends it, and Unlock stops waiting at UnlockTimeout.
 const UnlockTimeout = time.Second
 
 // unlockTimeout bounds how long a release retries a call that meets

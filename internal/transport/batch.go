@@ -138,18 +138,18 @@ func (b *batcher) do(ctx context.Context, cl *call) error { return b.doPair(ctx,
 // doPair is do for cl and, if not nil, cl2 after it in the same round trip.
 func (b *batcher) doPair(ctx context.Context, cl, cl2 *call) error {
 	b.mu.Lock()
-	if !b.closed && ctx.Done() == nil && ctx != UnlockCtx && !cl.try && b.alone == 0 && !b.drainer && !isPosted(ctx) {
-		b.alone++
-		b.mu.Unlock()
-		if cl2 == nil {
-			b.n.send(ctx, b.n.rdb, []*call{cl}, false, false)
-		} else {
-			b.n.send(ctx, b.n.rdb, []*call{cl, cl2}, false, true)
+	if !b.closed && !cl.try && b.alone == 0 && !b.drainer {
+		switch {
+		case ctx == UnlockCtx && b.n.bounded != nil:
+			b.alone++
+			b.mu.Unlock()
+			return b.bound(cl, cl2)
+		case ctx.Done() == nil && ctx != UnlockCtx && !isPosted(ctx):
+			b.alone++
+			b.mu.Unlock()
+			b.alone1(ctx, b.n.rdb, cl, cl2)
+			return nil
 		}
-		b.mu.Lock()
-		b.alone--
-		b.mu.Unlock()
-		return nil
 	}
 	var refused <-chan struct{}
 	if cl.try {
@@ -166,6 +166,31 @@ func (b *batcher) doPair(ctx context.Context, cl, cl2 *call) error {
 			cl2.cmd = p.cl2.cmd
 		}
 	})
+}
+
+// alone1 sends cl (and cl2) on the caller's goroutine, counted in alone.
+func (b *batcher) alone1(ctx context.Context, t target, cl, cl2 *call) {
+	if cl2 == nil {
+		b.n.send(ctx, t, []*call{cl}, false, false)
+	} else {
+		b.n.send(ctx, t, []*call{cl, cl2}, false, true)
+	}
+	b.mu.Lock()
+	b.alone--
+	b.mu.Unlock()
+}
+
+// bound sends an Unlock's cl (and cl2) on the caller's goroutine through
+// the node's bounded client (see boundedTarget), with a context that ends
+// after UnlockTimeout. A call that got no answer by then returns
+// errUnlockBound, as one sent by the drainer does: it may still be applied.
+func (b *batcher) bound(cl, cl2 *call) error {
+	bc := takeBound()
+	b.alone1(bc, b.n.bounded, cl, cl2)
+	if bc.put() && (Transient(cl.cmd.Err()) || cl2 != nil && Transient(cl2.cmd.Err())) {
+		return errUnlockBound
+	}
+	return nil
 }
 
 // job runs f in the drainer's next round: a call that must keep its own

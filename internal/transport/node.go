@@ -58,6 +58,7 @@ type node struct {
 	decided  atomic.Bool       // shardPub is decided (by the batcher's drainer alone)
 	shardPub atomic.Bool       // release messages use sharded pub/sub
 	batch    batcher           // coalesces the lock script calls of concurrent callers
+	bounded  target            // rdb if it follows contexts: Unlock's calls go on their caller's goroutine (see boundedTarget)
 	dials    *dialWatch        // refused dials, which answer a TryLock at once
 	subscriber
 }
@@ -82,6 +83,7 @@ func newNode(cfg Config, rdb redis.UniversalClient, handoff bool) *node {
 	n.batch.n = n
 	n.batch.stopped, n.batch.stop = context.WithCancel(context.Background())
 	n.dials = watchDials(rdb)
+	n.bounded = boundedTarget(rdb)
 	if cc, ok := rdb.(*redis.ClusterClient); ok {
 		n.askSharded(cc)
 	}

@@ -176,6 +176,11 @@ func (env *robustEnv) newClient(i int, r *rand.Rand, quiet *slog.Logger) *robust
 		opt.MaxRetries = -1
 		opts = append(opts, "MaxRetries -1")
 	}
+	if r.IntN(2) == 0 {
+		// Unlock's calls then go on their callers' goroutines.
+		opt.ContextTimeoutEnabled = true
+		opts = append(opts, "ContextTimeoutEnabled")
+	}
 	link.readTimeout = opt.ReadTimeout
 	if link.readTimeout == 0 {
 		link.readTimeout = 3 * time.Second // go-redis's default
