@@ -416,7 +416,7 @@ func (r *results) runHandoff(vs []variant, srv *server) {
 			continue
 		}
 		h.Switches = append(h.Switches, sw)
-		r.logf("handoff traced %-19s switches: median %s", v.name, sw.Total)
+		r.logf("handoff traced %-26s switches: %s", v.name, sw.summary())
 	}
 }
 

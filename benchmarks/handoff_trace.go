@@ -57,10 +57,12 @@ type switchResult struct {
 	Releaser float64       // of those, on the releaser's client
 	Waiter   float64       // on the waiter's client
 	Other    float64       // neither
+	Created  float64       // goroutines created in [t0, t1]
 	Path     float64       // releaser's client, before its first socket write
 	Chain    float64       // the waiter's chain
 	Paths    []seqCount    // the releaser's paths, most frequent first
 	Chains   []seqCount    // the waiter's chains, most frequent first
+	Sides    []seqCount    // the releaser's side's switches in order, then the waiter's side's
 	Started  []seqCount    // every goroutine started in [t0, t1], by its name: how many hand-offs started it
 }
 
@@ -288,7 +290,9 @@ func isReady(x goTrans) bool { return x.to == xtrace.GoRunnable }
 // handoffSwitches are one hand-off's counts.
 type handoffSwitches struct {
 	total, rel, wait, other, path int
+	created                       int
 	pathSeq, chain, started       []string
+	relSeq, waitSeq               []string
 }
 
 // count counts the switches of hand-off s. The transitions are in time
@@ -306,6 +310,9 @@ func (tr *goTrace) count(s *hoSpan) handoffSwitches {
 		if x.write && side == relSide && !written {
 			written = true
 		}
+		if x.from == xtrace.GoNotExist {
+			c.created++
+		}
 		if !isStart(x) {
 			continue
 		}
@@ -314,12 +321,14 @@ func (tr *goTrace) count(s *hoSpan) handoffSwitches {
 		switch side {
 		case relSide:
 			c.rel++
+			c.relSeq = append(c.relSeq, tr.name(x.g, s))
 			if !written {
 				c.path++
 				c.pathSeq = append(c.pathSeq, tr.name(x.g, s))
 			}
 		case waitSide:
 			c.wait++
+			c.waitSeq = append(c.waitSeq, tr.name(x.g, s))
 		default:
 			c.other++
 		}
@@ -365,8 +374,8 @@ func countSwitches(r io.Reader) (switchResult, error) {
 		return switchResult{}, err
 	}
 	var res switchResult
-	var total, rel, wait, other, path, chain []int
-	paths, chains, started := map[string]int{}, map[string]int{}, map[string]int{}
+	var total, rel, wait, other, path, chain, created []int
+	paths, chains, sides, started := map[string]int{}, map[string]int{}, map[string]int{}, map[string]int{}
 	for _, id := range tr.order {
 		s := tr.spans[id]
 		if !s.began || s.t1 < s.t0 {
@@ -375,7 +384,7 @@ func countSwitches(r io.Reader) (switchResult, error) {
 		res.Handoffs++
 		c := tr.count(s)
 		total, rel, wait, other = append(total, c.total), append(rel, c.rel), append(wait, c.wait), append(other, c.other)
-		path = append(path, c.path)
+		path, created = append(path, c.path), append(created, c.created)
 		n := 0
 		for _, g := range c.chain {
 			if !strings.HasPrefix(g, "(") {
@@ -385,6 +394,7 @@ func countSwitches(r io.Reader) (switchResult, error) {
 		chain = append(chain, n)
 		paths[strings.Join(c.pathSeq, " → ")]++
 		chains[strings.Join(c.chain, " → ")]++
+		sides["releaser's side: "+orNone(c.relSeq)+"; waiter's side: "+orNone(c.waitSeq)]++
 		seen := map[string]bool{}
 		for _, g := range c.started {
 			if !seen[g] {
@@ -397,9 +407,17 @@ func countSwitches(r io.Reader) (switchResult, error) {
 		return res, errors.New("no hand-off in the trace")
 	}
 	res.Total, res.Releaser, res.Waiter, res.Other = medianInt(total), medianInt(rel), medianInt(wait), medianInt(other)
-	res.Path, res.Chain = medianInt(path), medianInt(chain)
-	res.Paths, res.Chains, res.Started = byCount(paths), byCount(chains), byCount(started)
+	res.Path, res.Chain, res.Created = medianInt(path), medianInt(chain), medianInt(created)
+	res.Paths, res.Chains, res.Sides, res.Started = byCount(paths), byCount(chains), byCount(sides), byCount(started)
 	return res, nil
+}
+
+// orNone joins a sequence of goroutines.
+func orNone(seq []string) string {
+	if len(seq) == 0 {
+		return "(none)"
+	}
+	return strings.Join(seq, " → ")
 }
 
 func medianInt(xs []int) float64 {
@@ -441,16 +459,18 @@ func (w *page) switches(h *handoffResults) {
 		"(each client is built on its side's goroutine, so everything it starts descends from it), *other* when neither (the runtime's, timer callbacks). " +
 		"*path* counts the releaser's side's switches before its first socket write after t0 (the release leaving the process); " +
 		"*chain* follows from the waiter's last start back through whoever made each goroutine runnable, to the network poller's wake-up: " +
-		"the switches from the message's arrival to the waiter's return. Medians per hand-off; the time is under the tracer.\n\n")
-	w.p("| variant | hand-offs | p50 µs (traced) | switches | releaser's side | path to the write | waiter's side | chain from the network | other |\n")
-	w.p("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		"the switches from the message's arrival to the waiter's return; *created* counts goroutines created in [t0, t1]. " +
+		"Medians per hand-off; the time is under the tracer.\n\n")
+	w.p("| variant | hand-offs | p50 µs (traced) | switches | releaser's side | path to the write | waiter's side | chain from the network | other | created |\n")
+	w.p("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, s := range h.Switches {
-		w.p("| %s | %d | %.1f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f |\n", s.Name, s.Handoffs, us(s.P50), s.Total, s.Releaser, s.Path, s.Waiter, s.Chain, s.Other)
+		w.p("| %s | %d | %.1f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f |\n", s.Name, s.Handoffs, us(s.P50), s.Total, s.Releaser, s.Path, s.Waiter, s.Chain, s.Other, s.Created)
 	}
 	w.p("\n")
 	for _, s := range h.Switches {
-		w.p("%s — the waiter's chains: %s. The releaser's paths to the write: %s. Goroutines started in the span (in how many hand-offs): %s.\n\n",
-			s.Name, seqs(s.Chains, s.Handoffs, 3), seqs(s.Paths, s.Handoffs, 3), seqs(s.Started, s.Handoffs, 10))
+		w.p("%s — the waiter's chains: %s. The releaser's paths to the write: %s. The switches of each side, in order: %s. "+
+			"Goroutines started in the span (in how many hand-offs): %s.\n\n",
+			s.Name, seqs(s.Chains, s.Handoffs, 3), seqs(s.Paths, s.Handoffs, 3), seqs(s.Sides, s.Handoffs, 4), seqs(s.Started, s.Handoffs, 10))
 	}
 }
 
