@@ -58,12 +58,19 @@ type switchResult struct {
 	Waiter   float64       // on the waiter's client
 	Other    float64       // neither
 	Created  float64       // goroutines created in [t0, t1]
-	Path     float64       // releaser's client, before its first socket write
-	Chain    float64       // the waiter's chain
-	Paths    []seqCount    // the releaser's paths, most frequent first
-	Chains   []seqCount    // the waiter's chains, most frequent first
-	Sides    []seqCount    // the releaser's side's switches in order, then the waiter's side's
-	Started  []seqCount    // every goroutine started in [t0, t1], by its name: how many hand-offs started it
+	// The hand-off split where the network poller woke the waiter's chain
+	// (medians, under the tracer): the release through Redis to the
+	// message's arrival, and the arrival to the waiter's return.
+	ToArrival, FromArrival time.Duration
+	// ToWrite is from the release call to the releaser's side's first
+	// socket write (median): the client's part of ToArrival.
+	ToWrite time.Duration
+	Path    float64    // releaser's client, before its first socket write
+	Chain   float64    // the waiter's chain
+	Paths   []seqCount // the releaser's paths, most frequent first
+	Chains  []seqCount // the waiter's chains, most frequent first
+	Sides   []seqCount // the releaser's side's switches in order, then the waiter's side's
+	Started []seqCount // every goroutine started in [t0, t1], by its name: how many hand-offs started it
 }
 
 // seqCount is a sequence of goroutines and in how many hand-offs it was seen.
@@ -293,6 +300,8 @@ type handoffSwitches struct {
 	created                       int
 	pathSeq, chain, started       []string
 	relSeq, waitSeq               []string
+	arrived                       xtrace.Time // the network poller woke the waiter's chain
+	wrote                         xtrace.Time // the releaser's side's first write
 }
 
 // count counts the switches of hand-off s. The transitions are in time
@@ -308,7 +317,7 @@ func (tr *goTrace) count(s *hoSpan) handoffSwitches {
 		}
 		side := tr.sideOf(x.g)
 		if x.write && side == relSide && !written {
-			written = true
+			written, c.wrote = true, x.t
 		}
 		if x.from == xtrace.GoNotExist {
 			c.created++
@@ -333,14 +342,14 @@ func (tr *goTrace) count(s *hoSpan) handoffSwitches {
 			c.other++
 		}
 	}
-	c.chain = tr.chain(s)
+	c.chain, c.arrived = tr.chain(s)
 	return c
 }
 
 // chain is the waiter's chain of hand-off s (see the file's comment), the
-// earliest first.
-func (tr *goTrace) chain(s *hoSpan) []string {
-	var seq []string
+// earliest first, and when the network poller woke its first goroutine (0
+// if it did not).
+func (tr *goTrace) chain(s *hoSpan) (seq []string, arrived xtrace.Time) {
 	g, at := s.wait, s.t1
 	for range 32 {
 		i := tr.lastBefore(g, at, isStart)
@@ -358,13 +367,13 @@ func (tr *goTrace) chain(s *hoSpan) []string {
 			break
 		}
 		if rd.by == xtrace.NoGoroutine {
-			seq = append(seq, "(network poller)")
+			seq, arrived = append(seq, "(network poller)"), rd.t
 			break
 		}
 		g, at = rd.by, rd.t
 	}
 	slices.Reverse(seq)
-	return seq
+	return seq, arrived
 }
 
 // countSwitches reads a trace of hand-offs and counts their switches.
@@ -375,6 +384,7 @@ func countSwitches(r io.Reader) (switchResult, error) {
 	}
 	var res switchResult
 	var total, rel, wait, other, path, chain, created []int
+	var to, from, toWrite []time.Duration
 	paths, chains, sides, started := map[string]int{}, map[string]int{}, map[string]int{}, map[string]int{}
 	for _, id := range tr.order {
 		s := tr.spans[id]
@@ -385,6 +395,12 @@ func countSwitches(r io.Reader) (switchResult, error) {
 		c := tr.count(s)
 		total, rel, wait, other = append(total, c.total), append(rel, c.rel), append(wait, c.wait), append(other, c.other)
 		path, created = append(path, c.path), append(created, c.created)
+		if c.wrote != 0 {
+			toWrite = append(toWrite, c.wrote.Sub(s.t0))
+		}
+		if c.arrived != 0 {
+			to, from = append(to, c.arrived.Sub(s.t0)), append(from, s.t1.Sub(c.arrived))
+		}
 		n := 0
 		for _, g := range c.chain {
 			if !strings.HasPrefix(g, "(") {
@@ -408,6 +424,7 @@ func countSwitches(r io.Reader) (switchResult, error) {
 	}
 	res.Total, res.Releaser, res.Waiter, res.Other = medianInt(total), medianInt(rel), medianInt(wait), medianInt(other)
 	res.Path, res.Chain, res.Created = medianInt(path), medianInt(chain), medianInt(created)
+	res.ToArrival, res.FromArrival, res.ToWrite = median(to), median(from), median(toWrite)
 	res.Paths, res.Chains, res.Sides, res.Started = byCount(paths), byCount(chains), byCount(sides), byCount(started)
 	return res, nil
 }
@@ -459,12 +476,14 @@ func (w *page) switches(h *handoffResults) {
 		"(each client is built on its side's goroutine, so everything it starts descends from it), *other* when neither (the runtime's, timer callbacks). " +
 		"*path* counts the releaser's side's switches before its first socket write after t0 (the release leaving the process); " +
 		"*chain* follows from the waiter's last start back through whoever made each goroutine runnable, to the network poller's wake-up: " +
-		"the switches from the message's arrival to the waiter's return; *created* counts goroutines created in [t0, t1]. " +
+		"the switches from the message's arrival to the waiter's return; *created* counts goroutines created in [t0, t1]; " +
+		"*to arrival* runs from t0 to the network poller's wake-up of the chain (the release through Redis to the message's arrival), *from arrival* from there to t1; *to the write* from t0 to the releaser's side's first socket write (the client's part). " +
 		"Medians per hand-off; the time is under the tracer.\n\n")
-	w.p("| variant | hand-offs | p50 µs (traced) | switches | releaser's side | path to the write | waiter's side | chain from the network | other | created |\n")
-	w.p("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	w.p("| variant | hand-offs | p50 µs (traced) | switches | releaser's side | path to the write | waiter's side | chain from the network | other | created | to the write µs | to arrival µs | from arrival µs |\n")
+	w.p("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, s := range h.Switches {
-		w.p("| %s | %d | %.1f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f |\n", s.Name, s.Handoffs, us(s.P50), s.Total, s.Releaser, s.Path, s.Waiter, s.Chain, s.Other, s.Created)
+		w.p("| %s | %d | %.1f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.1f | %.1f | %.1f |\n", s.Name, s.Handoffs, us(s.P50),
+			s.Total, s.Releaser, s.Path, s.Waiter, s.Chain, s.Other, s.Created, us(s.ToWrite), us(s.ToArrival), us(s.FromArrival))
 	}
 	w.p("\n")
 	for _, s := range h.Switches {
