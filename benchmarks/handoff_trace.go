@@ -52,7 +52,7 @@ const (
 type switchResult struct {
 	Name     string
 	Handoffs int           // found in the trace
-	P50      time.Duration // hand-off time under the tracer (slower than untraced)
+	P50      time.Duration // hand-off time, the tracer's overhead included
 	Total    float64       // switches in [t0, t1]
 	Releaser float64       // of those, on the releaser's client
 	Waiter   float64       // on the waiter's client
@@ -65,6 +65,9 @@ type switchResult struct {
 	// ToWrite is from the release call to the releaser's side's first
 	// socket write (median): the client's part of ToArrival.
 	ToWrite time.Duration
+	// Writes is the releaser's side's socket writes before the message
+	// arrived (median): its round trips on the way.
+	Writes  float64
 	Path    float64    // releaser's client, before its first socket write
 	Chain   float64    // the waiter's chain
 	Paths   []seqCount // the releaser's paths, most frequent first
@@ -300,8 +303,9 @@ type handoffSwitches struct {
 	created                       int
 	pathSeq, chain, started       []string
 	relSeq, waitSeq               []string
-	arrived                       xtrace.Time // the network poller woke the waiter's chain
-	wrote                         xtrace.Time // the releaser's side's first write
+	arrived                       xtrace.Time   // the network poller woke the waiter's chain
+	wrote                         xtrace.Time   // the releaser's side's first write
+	writes                        []xtrace.Time // all its writes
 }
 
 // count counts the switches of hand-off s. The transitions are in time
@@ -316,8 +320,11 @@ func (tr *goTrace) count(s *hoSpan) handoffSwitches {
 			break
 		}
 		side := tr.sideOf(x.g)
-		if x.write && side == relSide && !written {
-			written, c.wrote = true, x.t
+		if x.write && side == relSide {
+			if !written {
+				written, c.wrote = true, x.t
+			}
+			c.writes = append(c.writes, x.t)
 		}
 		if x.from == xtrace.GoNotExist {
 			c.created++
@@ -383,7 +390,7 @@ func countSwitches(r io.Reader) (switchResult, error) {
 		return switchResult{}, err
 	}
 	var res switchResult
-	var total, rel, wait, other, path, chain, created []int
+	var total, rel, wait, other, path, chain, created, writes []int
 	var to, from, toWrite []time.Duration
 	paths, chains, sides, started := map[string]int{}, map[string]int{}, map[string]int{}, map[string]int{}
 	for _, id := range tr.order {
@@ -399,6 +406,13 @@ func countSwitches(r io.Reader) (switchResult, error) {
 			toWrite = append(toWrite, c.wrote.Sub(s.t0))
 		}
 		if c.arrived != 0 {
+			n := 0
+			for _, t := range c.writes {
+				if t < c.arrived {
+					n++
+				}
+			}
+			writes = append(writes, n)
 			to, from = append(to, c.arrived.Sub(s.t0)), append(from, s.t1.Sub(c.arrived))
 		}
 		n := 0
@@ -424,7 +438,7 @@ func countSwitches(r io.Reader) (switchResult, error) {
 	}
 	res.Total, res.Releaser, res.Waiter, res.Other = medianInt(total), medianInt(rel), medianInt(wait), medianInt(other)
 	res.Path, res.Chain, res.Created = medianInt(path), medianInt(chain), medianInt(created)
-	res.ToArrival, res.FromArrival, res.ToWrite = median(to), median(from), median(toWrite)
+	res.ToArrival, res.FromArrival, res.ToWrite, res.Writes = median(to), median(from), median(toWrite), medianInt(writes)
 	res.Paths, res.Chains, res.Sides, res.Started = byCount(paths), byCount(chains), byCount(sides), byCount(started)
 	return res, nil
 }
@@ -477,13 +491,14 @@ func (w *page) switches(h *handoffResults) {
 		"*path* counts the releaser's side's switches before its first socket write after t0 (the release leaving the process); " +
 		"*chain* follows from the waiter's last start back through whoever made each goroutine runnable, to the network poller's wake-up: " +
 		"the switches from the message's arrival to the waiter's return; *created* counts goroutines created in [t0, t1]; " +
-		"*to arrival* runs from t0 to the network poller's wake-up of the chain (the release through Redis to the message's arrival), *from arrival* from there to t1; *to the write* from t0 to the releaser's side's first socket write (the client's part). " +
+		"*to arrival* runs from t0 to the network poller's wake-up of the chain (the release through Redis to the message's arrival), *from arrival* from there to t1; *to the write* from t0 to the releaser's side's first socket write (the client's part); " +
+		"*writes* counts the releaser's side's socket writes before the arrival (its round trips on the way). " +
 		"Medians per hand-off; the time is under the tracer.\n\n")
-	w.p("| variant | hand-offs | p50 µs (traced) | switches | releaser's side | path to the write | waiter's side | chain from the network | other | created | to the write µs | to arrival µs | from arrival µs |\n")
-	w.p("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	w.p("| variant | hand-offs | p50 µs (traced) | switches | releaser's side | path to the write | waiter's side | chain from the network | other | created | to the write µs | writes | to arrival µs | from arrival µs |\n")
+	w.p("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, s := range h.Switches {
-		w.p("| %s | %d | %.1f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.1f | %.1f | %.1f |\n", s.Name, s.Handoffs, us(s.P50),
-			s.Total, s.Releaser, s.Path, s.Waiter, s.Chain, s.Other, s.Created, us(s.ToWrite), us(s.ToArrival), us(s.FromArrival))
+		w.p("| %s | %d | %.1f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.1f | %.0f | %.1f | %.1f |\n", s.Name, s.Handoffs, us(s.P50),
+			s.Total, s.Releaser, s.Path, s.Waiter, s.Chain, s.Other, s.Created, us(s.ToWrite), s.Writes, us(s.ToArrival), us(s.FromArrival))
 	}
 	w.p("\n")
 	for _, s := range h.Switches {
