@@ -23,6 +23,8 @@
 //	             (remutex only): acquisitions/s, waits, the most holders at once
 //	hooks        remutex's cycle with and without the OpenTelemetry adapter
 //	scale        1, 4, 64, 1024 locks in use at once, each cycled by a goroutine of its own
+//	handoff      two clients taking turns on one lock, the waiter idle 3 ms, beside a PUBLISH
+//	             to an idle subscriber; goroutine switches per hand-off from a runtime trace
 //	instructions (-instructions, not run by default) redis-server's instructions per
 //	             operation under valgrind's callgrind: the uncontended cycle, the
 //	             contended acquisition, remutex's primitives, 64 locks in use
@@ -59,19 +61,23 @@ type plan struct {
 	TakeLimit       time.Duration // held scenario: time allowed for taking the locks
 	ScaleRounds     int           // scale: rounds per variant and size
 	ScaleTime       time.Duration // scale: window of one round
+	HandoffRounds   int           // handoff: rounds, the variants and floors rotated
+	HandoffTime     time.Duration // handoff: hand-offs of one variant in a round, after the warm-up
+	HandoffTraced   int           // handoff: hand-offs traced for the goroutine switches
 	AwaitLoad       float64       // the 1-minute load waited for before starting, 0 for none
 }
 
 func fullPlan() plan {
 	return plan{Rounds: 10, RoundTime: 300 * time.Millisecond, Nested: 2 * time.Second,
 		ContendedTime: 6 * time.Second, ContendedRounds: 3, HeldLocks: 10000, HeldLease: 2 * time.Second, TakeLimit: 30 * time.Second,
-		ScaleRounds: 3, ScaleTime: time.Second}
+		ScaleRounds: 3, ScaleTime: time.Second, HandoffRounds: 10, HandoffTime: 300 * time.Millisecond, HandoffTraced: 300}
 }
 
 func shortPlan() plan {
 	return plan{Short: true, Rounds: 3, RoundTime: 60 * time.Millisecond,
 		Nested: 300 * time.Millisecond, ContendedTime: 900 * time.Millisecond, ContendedRounds: 1, HeldLocks: 1000,
-		HeldLease: time.Second, TakeLimit: 3 * time.Second, ScaleRounds: 1, ScaleTime: 100 * time.Millisecond}
+		HeldLease: time.Second, TakeLimit: 3 * time.Second, ScaleRounds: 1, ScaleTime: 100 * time.Millisecond,
+		HandoffRounds: 3, HandoffTime: 60 * time.Millisecond, HandoffTraced: 60}
 }
 
 // flags are the command line.
@@ -92,7 +98,7 @@ func parseFlags() flags {
 	flag.StringVar(&f.libs, "libs", "", "comma-separated variant names to run (default: all)")
 	flag.IntVar(&f.held, "held", 0, "locks in the held scenario (default 10000, 1000 with -short)")
 	flag.Float64Var(&f.awaitLoad, "await-load", 0, "before measuring, wait up to 10 minutes for the 1-minute load average to drop below this (0: don't wait)")
-	flag.StringVar(&f.scenarios, "scenarios", "uncontended,nested,contended,held,rw,semaphore,hooks,scale", "scenarios to run (instructions: see -instructions)")
+	flag.StringVar(&f.scenarios, "scenarios", "uncontended,nested,contended,held,rw,semaphore,hooks,scale,handoff", "scenarios to run (instructions: see -instructions)")
 	flag.StringVar(&f.cpuprofile, "cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.DurationVar(&f.timeout, "timeout", 0, "give up after this long, printing every goroutine's stack (default 10m, 3m with -short)")
 	flag.Parse()

@@ -41,6 +41,7 @@ func markdown(r *results) string {
 	w.rw(r)
 	w.hooks(r)
 	w.semaphore(r)
+	w.handoff(r)
 	w.configurations(r)
 	return w.String()
 }

@@ -21,6 +21,7 @@ type results struct {
 	Held         map[string]*heldResult
 	RW           *rwResult
 	Semaphore    *semResult                         // the contended semaphore
+	Handoff      *handoffResults                    // the hand-off to an idle waiter, beside the pub/sub floor
 	Hooks        map[string]*cycleResult            // the uncontended cycle with and without the OpenTelemetry adapter
 	Scale        map[string]map[string]*scaleResult // by locks in use, then variant
 	Instructions *instrResults                      // counted under callgrind (-instructions)
@@ -116,6 +117,7 @@ func (r *results) runLoads(vs []variant, srv *server, want map[string]bool) {
 		{"semaphore", func() { r.runSemaphore(srv) }},
 		{"hooks", func() { r.runHooks(srv) }},
 		{"scale", func() { r.runScale(vs, srv) }},
+		{"handoff", func() { r.runHandoff(vs, srv) }},
 	} {
 		if want[s.name] {
 			s.run()
@@ -133,12 +135,12 @@ func (r *results) logf(format string, args ...any) {
 // runs after (a slower first round after the floor, a Client just closed),
 // and that alone moved one figure by up to a third: so every variant takes
 // every place in turn, and none always follows the same one.
-func inTurn(vs []variant, round int) []variant {
+func inTurn[V any](vs []V, round int) []V {
 	if len(vs) == 0 {
 		return nil
 	}
 	k := round % len(vs)
-	return append(append(make([]variant, 0, len(vs)), vs[k:]...), vs[:k]...)
+	return append(append(make([]V, 0, len(vs)), vs[k:]...), vs[:k]...)
 }
 
 func (r *results) runUncontended(vs []variant, srv *server) error {

@@ -67,6 +67,7 @@ func (r *results) targets() []target {
 	}
 	ts = append(ts, r.rwTargets()...)
 	ts = append(ts, r.semTargets()...)
+	ts = append(ts, r.handoffTargets()...)
 	return append(ts, r.scaleTargets()...)
 }
 
