@@ -79,6 +79,13 @@ func handoffVariants(vs []variant) []hoVariant {
 		if v.remutex {
 			hvs = append(hvs, hoVariant{name: v.name + " (Unlock)", lib: v.lib, setup: "defaults; released with Unlock, not UnlockContext",
 				side: lockSide(v, true)})
+			plain := lockSide(v, true)
+			hvs = append(hvs, hoVariant{name: v.name + " (Unlock, ContextTimeoutEnabled)", lib: v.lib,
+				setup: "released with Unlock, on a go-redis client with ContextTimeoutEnabled",
+				side: func(cfg config, name string, id int) (hoSide, error) {
+					cfg.ctxTimeout = true
+					return plain(cfg, name, id)
+				}})
 		}
 	}
 	return hvs

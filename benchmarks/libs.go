@@ -55,6 +55,9 @@ type config struct {
 	lease   time.Duration // 0: the library's default
 	slow    bool          // the server runs under callgrind: long timeouts
 	scripts *scriptLog    // names and orders the script calls (go-redis clients), or nil
+	// ctxTimeout: the go-redis client has ContextTimeoutEnabled (a remutex
+	// Unlock then sends its release on its own goroutine).
+	ctxTimeout bool
 }
 
 // variant is one library with one configuration.

@@ -365,6 +365,7 @@ func goRedis(cfg config) *redis.Client {
 	if cfg.slow {
 		opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout = slowTimeout, slowTimeout, slowTimeout
 	}
+	opt.ContextTimeoutEnabled = cfg.ctxTimeout
 	rdb := redis.NewClient(opt)
 	if cfg.scripts != nil {
 		rdb.AddHook(cfg.scripts)
