@@ -139,8 +139,10 @@ func (e *DistElection) Campaign(ctx context.Context, value string) error {
 			return nil
 		}
 		// Not published: the term is given up, so that nobody waits behind
-		// a leader that never said so.
-		_ = e.m.UnlockContext(context.WithoutCancel(ctx))
+		// a leader that never said so. Within ctx: once it has ended, the
+		// release goes on in the background (see UnlockContext), and
+		// Campaign returns at its context's end, as it promises.
+		_ = e.m.UnlockContext(ctx)
 		if !errors.Is(err, ErrNotLeader) || ctx.Err() != nil {
 			if ctx.Err() != nil {
 				err = ctxErr(ctx, nil)

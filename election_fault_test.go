@@ -7,6 +7,7 @@ package remutex
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strconv"
@@ -209,5 +210,50 @@ func TestElectionCost(t *testing.T) {
 		assert.Equal(t, 1, resign, "the handing Resign's round trips")
 		assert.Equal(t, 1, published, "the new leader's publications")
 		require.NoError(t, waiter.Resign(ctx))
+	})
+}
+
+// TestElectionCampaignCutOffInPublication: a Campaign is granted the term,
+// and its publication gets no answer before ctx ends; nor does anything
+// after it. Campaign returns at ctx's end, giving the term up in the
+// background (the next candidate is not kept waiting past the lease), not
+// once Redis answers the giving up.
+func TestElectionCampaignCutOffInPublication(t *testing.T) {
+	eachBackendParallel(t, func(t *testing.T, b *testBackend) {
+		p := redistest.NewFaultProxy(t, b.addr)
+		name := lockName(t)
+		e := clientOn(t, newRDB(t, &redis.Options{Addr: p.Addr()})).NewElection(name)
+		// Every script on the server first, so that elect.lua's call is one
+		// EVALSHA, whose SHA1 the fault matches.
+		check := rdbAt(t, b.addr)
+		require.NoError(t, check.ScriptLoad(testCtx(t, hangGuard), electScript.Src.(string)).Err())
+		const held = 3 * time.Second
+		pub := p.Delay(redistest.Match{Args: []string{electScript.Hash()}, Times: 1}, held)
+		const cutOff = 300 * time.Millisecond
+		ctx, cancel := context.WithTimeout(context.Background(), cutOff)
+		defer cancel()
+		start := time.Now()
+		done := make(chan error, 1)
+		go func() { done <- e.Campaign(ctx, "cut off") }()
+		faultAwait(t, pub.Matched(1), hangGuard, "the publication held")
+		all := p.Delay(redistest.Match{}, held) // (everything after it too)
+		var err error
+		select {
+		case err = <-done:
+		case <-time.After(hangGuard):
+			t.Fatal("Campaign did not return")
+		}
+		took := time.Since(start)
+		all.Stop()
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("Campaign cut off in its publication: got %v, want DeadlineExceeded", err)
+		}
+		if took > cutOff+deadlineSlack {
+			t.Errorf("Campaign returned after %v, want within %v (+%v slack)", took.Round(time.Millisecond), cutOff, deadlineSlack)
+		}
+		// The term given up reaches Redis once it answers again.
+		waitFor(t, "the term given up", func() bool {
+			return check.Exists(context.Background(), electKeysOf(name).hash).Val() == 0
+		})
 	})
 }
