@@ -202,6 +202,7 @@ func (env *robustEnv) newClient(i int, r *rand.Rand, quiet *slog.Logger) *robust
 	cl.mh = mutexLocker("mutex mh", "mh", cl.c.NewMutex("mh", lease(cfg.leaseMH), remutex.WithMinHold(cfg.minHold), fencing), cfg.minHold)
 	cl.rw, cl.rr = rwLockers("rwmutex rw", cl.c.NewRWMutex("rw", lease(cfg.leaseRW), fencing))
 	env.hist.Log("setup", "c%d: go-redis options %v", i, opts)
+	t.Logf("c%d: go-redis options %v", i, opts)
 	return cl
 }
 
