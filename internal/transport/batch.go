@@ -147,7 +147,7 @@ func (b *batcher) doPair(ctx context.Context, cl, cl2 *call) error {
 		case ctx.Done() == nil && ctx != UnlockCtx && !isPosted(ctx):
 			b.alone++
 			b.mu.Unlock()
-			b.alone1(ctx, b.n.rdb, cl, cl2)
+			b.sendAlone(ctx, b.n.rdb, cl, cl2)
 			return nil
 		}
 	}
@@ -168,8 +168,8 @@ func (b *batcher) doPair(ctx context.Context, cl, cl2 *call) error {
 	})
 }
 
-// alone1 sends cl (and cl2) on the caller's goroutine, counted in alone.
-func (b *batcher) alone1(ctx context.Context, t target, cl, cl2 *call) {
+// sendAlone sends cl (and cl2) on the caller's goroutine, counted in alone.
+func (b *batcher) sendAlone(ctx context.Context, t target, cl, cl2 *call) {
 	if cl2 == nil {
 		b.n.send(ctx, t, []*call{cl}, false, false)
 	} else {
@@ -186,7 +186,7 @@ func (b *batcher) alone1(ctx context.Context, t target, cl, cl2 *call) {
 // errUnlockBound, as one sent by the drainer does: it may still be applied.
 func (b *batcher) bound(cl, cl2 *call) error {
 	bc := takeBound()
-	b.alone1(bc, b.n.bounded, cl, cl2)
+	b.sendAlone(bc, b.n.bounded, cl, cl2)
 	if bc.put() && (Transient(cl.cmd.Err()) || cl2 != nil && Transient(cl2.cmd.Err())) {
 		return errUnlockBound
 	}
