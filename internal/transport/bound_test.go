@@ -23,6 +23,7 @@ func TestUnlockBound(t *testing.T) {
 		t.Fatal("put of a bound that had not ended: got ended")
 	}
 
+	start = time.Now()
 	b = takeBound()
 	select {
 	case <-b.Done():
