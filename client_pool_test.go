@@ -42,21 +42,7 @@ func TestCutOffCallKeepsItsArguments(t *testing.T) {
 			t.Fatalf("LockContext cut off in flight: got %v, want context.Canceled", err)
 		}
 
-		// Acquisitions on every P while the call is out: each takes a
-		// pooled call, and would take the cut-off one had it gone back.
-		other := clientOn(t, b.rdb(t)).NewMutex(name + ".other")
-		var wg sync.WaitGroup
-		for range 4 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for range 32 {
-					other.Lock()
-					other.Unlock()
-				}
-			}()
-		}
-		wg.Wait()
+		churnPool(t, b, name)
 		close(open)
 		args := await(t, sent, "the held call to go out")
 		if _, keys := scriptCallArgs(args); len(keys) == 0 || keys[0] != m.spec.hash() {
@@ -104,23 +90,31 @@ func TestCutOffReleaseKeepsItsArguments(t *testing.T) {
 			t.Fatalf("UnlockContext cut off in flight: got %v, want context.Canceled", err)
 		}
 
-		other := clientOn(t, b.rdb(t)).NewMutex(name + ".other")
-		var wg sync.WaitGroup
-		for range 4 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for range 32 {
-					other.Lock()
-					other.Unlock()
-				}
-			}()
-		}
-		wg.Wait()
+		churnPool(t, b, name)
 		close(open)
 		args := await(t, sent, "the held release to go out")
 		if s, keys := scriptCallArgs(args); s != "release" || len(keys) == 0 || keys[0] != m.spec.hash() {
 			t.Fatalf("the release cut off went out as %v, want release.lua on %s", args, m.spec.hash())
 		}
 	})
+}
+
+// churnPool runs acquisitions on every P of another Client while a call is
+// held in flight: each takes a pooled call, and would take the held one had
+// it gone back.
+func churnPool(t *testing.T, b *testBackend, name string) {
+	t.Helper()
+	other := clientOn(t, b.rdb(t)).NewMutex(name + ".other")
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 32 {
+				other.Lock()
+				other.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
 }
