@@ -13,7 +13,7 @@ import (
 
 // TestCutOffCallKeepsItsArguments cuts an acquisition off while its call is
 // in flight, then runs acquisitions of another Client meanwhile. Calls and
-// their command's arguments are pooled (evalTry, quickRelease); one cut off
+// their command's arguments are pooled (evalPooled, quickRelease); one cut off
 // must not go back to the pool while the drainer may still send it, or
 // another acquisition would write its own arguments into it. The call held
 // in flight must go out as it was built: on its own lock's key.
@@ -42,25 +42,79 @@ func TestCutOffCallKeepsItsArguments(t *testing.T) {
 			t.Fatalf("LockContext cut off in flight: got %v, want context.Canceled", err)
 		}
 
-		// Acquisitions on every P while the call is out: each takes a
-		// pooled call, and would take the cut-off one had it gone back.
-		other := clientOn(t, b.rdb(t)).NewMutex(name + ".other")
-		var wg sync.WaitGroup
-		for range 4 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for range 32 {
-					other.Lock()
-					other.Unlock()
-				}
-			}()
-		}
-		wg.Wait()
+		churnPool(t, b, name)
 		close(open)
 		args := await(t, sent, "the held call to go out")
 		if _, keys := scriptCallArgs(args); len(keys) == 0 || keys[0] != m.spec.hash() {
 			t.Fatalf("the call cut off went out as %v, want a call on %s", args, m.spec.hash())
 		}
 	})
+}
+
+// TestCutOffReleaseKeepsItsArguments is the same for a release sent with
+// release.lua (the path of a lock seen contended, a hand-off's), whose call
+// is pooled as an acquisition's is.
+func TestCutOffReleaseKeepsItsArguments(t *testing.T) {
+	eachBackendParallel(t, func(t *testing.T, b *testBackend) {
+		name := lockName(t)
+		rdb := b.rdb(t)
+		m := clientOn(t, rdb).NewMutex(name)
+		m.Lock()
+		held, open, sent := make(chan struct{}, 1), make(chan struct{}), make(chan []interface{}, 1)
+		var first atomic.Bool
+		rdb.AddHook(hookFuncs{process: func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
+			if s, keys := scriptCall(cmd); s == "release" && len(keys) > 0 && keys[0] == m.spec.hash() && first.CompareAndSwap(false, true) {
+				held <- struct{}{}
+				<-open
+				sent <- slices.Clone(cmd.Args())
+			}
+			return next(ctx, cmd)
+		}})
+
+		ctx, cancel := context.WithCancel(testCtx(t, hangGuard))
+		defer cancel()
+		stop, cut := make(chan struct{}), make(chan struct{})
+		go func() { // cuts the release off once it is held in flight
+			defer close(cut)
+			select {
+			case <-held:
+				cancel()
+			case <-stop:
+			}
+		}()
+		m.spec.Quick.Contended() // release.lua, not the uncontended HDEL
+		err := m.UnlockContext(ctx)
+		close(stop)
+		<-cut
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("UnlockContext cut off in flight: got %v, want context.Canceled", err)
+		}
+
+		churnPool(t, b, name)
+		close(open)
+		args := await(t, sent, "the held release to go out")
+		if s, keys := scriptCallArgs(args); s != "release" || len(keys) == 0 || keys[0] != m.spec.hash() {
+			t.Fatalf("the release cut off went out as %v, want release.lua on %s", args, m.spec.hash())
+		}
+	})
+}
+
+// churnPool runs acquisitions on every P of another Client while a call is
+// held in flight: each takes a pooled call, and would take the held one had
+// it gone back.
+func churnPool(t *testing.T, b *testBackend, name string) {
+	t.Helper()
+	other := clientOn(t, b.rdb(t)).NewMutex(name + ".other")
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 32 {
+				other.Lock()
+				other.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
 }

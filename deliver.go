@@ -30,7 +30,11 @@ func (l *listener) Done() <-chan struct{}            { return l.closing }
 // Otherwise the message is moot: its waiter left the queue with a leave call
 // that also released a grant, or learnt of it from its own call.
 func (c *Client) dispatch(channel, payload string) {
-	key, ok := strings.CutSuffix(channel, wire.ReleasedInfix+c.id)
+	// (In two cuts: the suffix joined would be built for every message.)
+	key, ok := strings.CutSuffix(channel, c.id)
+	if ok {
+		key, ok = strings.CutSuffix(key, wire.ReleasedInfix)
+	}
 	if !ok {
 		c.observers.tell(channel, payload) // an election's changes
 		return
@@ -45,7 +49,6 @@ func (c *Client) dispatch(channel, payload string) {
 	}
 	g, granted := grant{fence: msg.Fence, at: msg.At}, msg.Grant()
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	st := c.stateOfLocked(key)
 	for _, w := range st.waiters {
 		if w.key == msg.Wait {
@@ -53,6 +56,8 @@ func (c *Client) dispatch(channel, payload string) {
 			if granted && (!w.granted || g.at > w.grant.at) {
 				w.granted, w.grant = true, g
 			}
+			c.mu.Unlock()
+			// Signalled once c.mu is free: the waiter takes it first thing.
 			w.signal()
 			return
 		}
@@ -63,6 +68,7 @@ func (c *Client) dispatch(channel, payload string) {
 	if msg.Kind == "w" && len(st.waiters) > 0 {
 		st.waiters[0].signal()
 	}
+	c.mu.Unlock()
 }
 
 // tellOutcome hands the outcome of a DistOnce's run ("d" or "e<record>",

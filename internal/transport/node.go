@@ -54,7 +54,7 @@ type node struct {
 	ack      replicaAck
 	errs     func(error) error // Config.ScriptError
 	handoff  bool              // the queue hands the lock to waiters (a quorum's servers only wake them)
-	pubs     [3]string         // the slow paths' publish commands, classic, sharded and relayed (queue.lua): in capitals without handoff
+	pubs     [3]interface{}    // the slow paths' publish commands, classic, sharded and relayed (queue.lua): in capitals without handoff; boxed once
 	decided  atomic.Bool       // shardPub is decided (by the batcher's drainer alone)
 	shardPub atomic.Bool       // release messages use sharded pub/sub
 	batch    batcher           // coalesces the lock script calls of concurrent callers
@@ -69,14 +69,14 @@ func NewNode(cfg Config, rdb redis.UniversalClient) Backend { return newNode(cfg
 // newNode returns a node of cfg on rdb; handoff says whether its queue hands
 // the lock to waiters (a quorum's servers only wake them).
 func newNode(cfg Config, rdb redis.UniversalClient, handoff bool) *node {
-	n := &node{rdb: rdb, log: cfg.Log, ack: replicaAck{cfg.Replicas, cfg.AckTimeout}, errs: cfg.ScriptError, handoff: handoff, pubs: [3]string{"PUBLISH", "SPUBLISH", "PUBLISH"}}
+	n := &node{rdb: rdb, log: cfg.Log, ack: replicaAck{cfg.Replicas, cfg.AckTimeout}, errs: cfg.ScriptError, handoff: handoff, pubs: [3]interface{}{"PUBLISH", "SPUBLISH", "PUBLISH"}}
 	if n.errs == nil {
 		n.errs = func(err error) error { return err }
 	}
 	if handoff {
 		// Lower case: the queue hands the lock on. "pUBLISH": on a cluster
 		// that relays classic messages, which a Client may hear on any node.
-		n.pubs = [3]string{"publish", "spublish", "pUBLISH"}
+		n.pubs = [3]interface{}{"publish", "spublish", "pUBLISH"}
 	}
 	_, n.cluster = rdb.(*redis.ClusterClient)
 	n.subscriber.to, n.subscriber.n = cfg.Listener, n
@@ -248,8 +248,16 @@ func (n *node) evalOn(ctx context.Context, keys []interface{}, sc *Script, args 
 // acquisition is the hot path. They go back once answered, never after an
 // error of the round trip (the drainer may still send a call cut off).
 func (n *node) evalTry(ctx context.Context, try bool, keys []interface{}, sc *Script, args ...interface{}) (interface{}, error) {
+	return n.evalPooled(ctx, call{s: sc, keys: keys, try: try}, args...)
+}
+
+// evalPooled is evalTry of the call cl (its script, keys and flags) with
+// args: also a release's (once), which a hand-off sends, so that its way to
+// the socket allocates no more than an acquisition's does.
+func (n *node) evalPooled(ctx context.Context, cl call, args ...interface{}) (interface{}, error) {
 	ac := acquirePool.Get().(*acquireCall)
-	ac.cl = call{s: sc, keys: keys, args: append(ac.args[:0], args...), try: try, buf: ac.built[:0]}
+	cl.args, cl.buf = append(ac.args[:0], args...), ac.built[:0]
+	ac.cl = cl
 	if err := n.batch.do(ctx, &ac.cl); err != nil {
 		return nil, err
 	}
@@ -261,7 +269,7 @@ func (n *node) evalTry(ctx context.Context, try bool, keys []interface{}, sc *Sc
 	return n.answer(cmd)
 }
 
-// acquireCall is evalTry's call, pooled; built is its command's arguments
+// acquireCall is evalPooled's call, pooled; built is its command's arguments
 // (see call.build), room enough for every acquisition's.
 type acquireCall struct {
 	cl    call
@@ -428,13 +436,13 @@ func (n *node) Release(ctx context.Context, s *Spec, owner interface{}, want int
 		// for WithMinHold: release.lua alone.)
 		return n.quickRelease(ctx, s, owner)
 	}
-	cl := &call{s: s.Scripts.Release, keys: s.KeyArgs, args: []interface{}{owner, want, lease, n.pub(ctx)}, once: true}
 	var v interface{}
 	var err error
 	if s.Records && n.Acked() && !isPosted(ctx) {
+		cl := &call{s: s.Scripts.Release, keys: s.KeyArgs, args: []interface{}{owner, want, lease, n.pub(ctx)}, once: true}
 		v, err = n.ackedCall(ctx, s, cl)
 	} else {
-		v, err = n.evalCall(ctx, cl)
+		v, err = n.evalPooled(ctx, call{s: s.Scripts.Release, keys: s.KeyArgs, once: true}, owner, want, lease, n.pub(ctx))
 	}
 	if err != nil {
 		return 0, err

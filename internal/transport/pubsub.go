@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"runtime"
 	"sync"
 	"time"
 
@@ -323,6 +324,12 @@ func (s *subscriber) run(conn *psConn) {
 			}
 		case *redis.Message:
 			s.to.Dispatch(m.Channel, m.Payload)
+			// The message woke a waiter, which is next to run on this
+			// processor, but only once the reader parks: after it has armed
+			// its read deadline and made a read system call that finds
+			// nothing. Yielding lets the waiter run first; the reader
+			// re-arms after it (or on another processor meanwhile).
+			runtime.Gosched()
 		}
 	}
 }

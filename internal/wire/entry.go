@@ -48,11 +48,15 @@ func WaitKey(wait uint64, owner string) string {
 // ParseEntry returns the wait key (see WaitKey) of a queue entry named by a
 // message, and the send time it carries; ok false if it is not an entry.
 func ParseEntry(e string) (key string, at int64, ok bool) {
-	parts := strings.SplitN(e, ":", 4)
-	if len(parts) != 4 {
+	// (Cut by cut, not split: a grant's message is read on the way to its
+	// waiter, and the key is all it allocates.)
+	_, rest, ok1 := strings.Cut(e, ":")    // the claim
+	_, rest, ok2 := strings.Cut(rest, ":") // the flag
+	mid, owner, ok3 := strings.Cut(rest, ":")
+	if !ok1 || !ok2 || !ok3 {
 		return "", 0, false
 	}
-	wait, rest, ok := strings.Cut(parts[2], "-")
+	wait, rest, ok := strings.Cut(mid, "-")
 	if !ok {
 		return "", 0, false
 	}
@@ -61,7 +65,7 @@ func ParseEntry(e string) (key string, at int64, ok bool) {
 	if err != nil {
 		return "", 0, false
 	}
-	return wait + ":" + parts[3], at, true
+	return wait + ":" + owner, at, true
 }
 
 // ParseQueued decodes a queue entry as Client.Inspect reads it, leniently (a
