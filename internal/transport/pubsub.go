@@ -268,6 +268,12 @@ func (s *subscriber) isClosed() bool {
 	return s.closed
 }
 
+// run reads conn and hands each message to the Listener, until the
+// connection is given up or the Client closes. After a message it yields: the
+// waiter the message woke is next to run on this processor, but only once the
+// reader parks, after it has armed its read deadline and made a read system
+// call that finds nothing; yielding lets the waiter run first, and the reader
+// re-arms after it (or on another processor meanwhile).
 func (s *subscriber) run(conn *psConn) {
 	defer s.readers.Done()
 	var bo Backoff
@@ -324,12 +330,7 @@ func (s *subscriber) run(conn *psConn) {
 			}
 		case *redis.Message:
 			s.to.Dispatch(m.Channel, m.Payload)
-			// The message woke a waiter, which is next to run on this
-			// processor, but only once the reader parks: after it has armed
-			// its read deadline and made a read system call that finds
-			// nothing. Yielding lets the waiter run first; the reader
-			// re-arms after it (or on another processor meanwhile).
-			runtime.Gosched()
+			runtime.Gosched() // (see above)
 		}
 	}
 }
