@@ -51,24 +51,30 @@ func TestCutOffCallKeepsItsArguments(t *testing.T) {
 	})
 }
 
-// TestCutOffReleaseKeepsItsArguments is the same for a release sent with
-// release.lua (the path of a lock seen contended, a hand-off's), whose call
-// is pooled as an acquisition's is.
+// TestCutOffReleaseKeepsItsArguments is the same for the final release of a
+// lock seen contended (a hand-off's): HDEL and wake.lua in one pipeline,
+// whose calls are pooled as an acquisition's is.
 func TestCutOffReleaseKeepsItsArguments(t *testing.T) {
 	eachBackendParallel(t, func(t *testing.T, b *testBackend) {
 		name := lockName(t)
 		rdb := b.rdb(t)
 		m := clientOn(t, rdb).NewMutex(name)
 		m.Lock()
-		held, open, sent := make(chan struct{}, 1), make(chan struct{}), make(chan []interface{}, 1)
+		held, open, sent := make(chan struct{}, 1), make(chan struct{}), make(chan [][]interface{}, 1)
 		var first atomic.Bool
-		rdb.AddHook(hookFuncs{process: func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
-			if s, keys := scriptCall(cmd); s == "release" && len(keys) > 0 && keys[0] == m.spec.hash() && first.CompareAndSwap(false, true) {
-				held <- struct{}{}
-				<-open
-				sent <- slices.Clone(cmd.Args())
+		rdb.AddHook(hookFuncs{pipeline: func(ctx context.Context, cmds []redis.Cmder, next redis.ProcessPipelineHook) error {
+			for _, cmd := range cmds {
+				if s, keys := scriptCall(cmd); s == "wake" && keys[0] == m.spec.hash() && first.CompareAndSwap(false, true) {
+					held <- struct{}{}
+					<-open
+					var args [][]interface{}
+					for _, c := range cmds {
+						args = append(args, slices.Clone(c.Args()))
+					}
+					sent <- args
+				}
 			}
-			return next(ctx, cmd)
+			return next(ctx, cmds)
 		}})
 
 		ctx, cancel := context.WithCancel(testCtx(t, hangGuard))
@@ -82,7 +88,7 @@ func TestCutOffReleaseKeepsItsArguments(t *testing.T) {
 			case <-stop:
 			}
 		}()
-		m.spec.Quick.Contended() // release.lua, not the uncontended HDEL
+		m.spec.Quick.Contended() // HDEL and wake.lua, not the uncontended HDEL and EXISTS
 		err := m.UnlockContext(ctx)
 		close(stop)
 		<-cut
@@ -92,9 +98,15 @@ func TestCutOffReleaseKeepsItsArguments(t *testing.T) {
 
 		churnPool(t, b, name)
 		close(open)
-		args := await(t, sent, "the held release to go out")
-		if s, keys := scriptCallArgs(args); s != "release" || len(keys) == 0 || keys[0] != m.spec.hash() {
-			t.Fatalf("the release cut off went out as %v, want release.lua on %s", args, m.spec.hash())
+		cmds := await(t, sent, "the held release to go out")
+		var names []string
+		for _, args := range cmds {
+			if s, keys := scriptCallArgs(args); s != "" && len(keys) > 0 && keys[0] == m.spec.hash() {
+				names = append(names, s)
+			}
+		}
+		if !slices.Equal(names, []string{"release", "wake"}) {
+			t.Fatalf("the release cut off went out as %v, want HDEL and wake.lua on %s", cmds, m.spec.hash())
 		}
 	})
 }

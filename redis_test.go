@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -337,7 +338,9 @@ func (h *commandLog) record(cmds ...redis.Cmder) {
 	h.mu.Lock()
 	now := time.Now()
 	for _, c := range cmds {
-		h.cmds = append(h.cmds, loggedCommand{at: now, args: c.Args(), err: c.Err()})
+		// (A copy: remutex reuses the arguments of its hot calls, see
+		// docs/api.md.)
+		h.cmds = append(h.cmds, loggedCommand{at: now, args: slices.Clone(c.Args()), err: c.Err()})
 	}
 	kick := h.kicks()
 	h.mu.Unlock()

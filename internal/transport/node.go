@@ -431,10 +431,15 @@ func (n *node) masterFor(ctx context.Context, key string) (target, error) {
 }
 
 func (n *node) Release(ctx context.Context, s *Spec, owner interface{}, want int, lease interface{}) (int64, error) {
-	if want == 0 && lease == "0" && s.Quick.calm() && !isPosted(ctx) {
+	if want == 0 && lease == "0" && !isPosted(ctx) {
 		// (A posted release cannot look at the Reply, nor HDEL keep the key
 		// for WithMinHold: release.lua alone.)
-		return n.quickRelease(ctx, s, owner)
+		if s.Quick.calm() {
+			return n.quickRelease(ctx, s, owner)
+		}
+		if n.handoff && !s.Records && s.Quick.hands() {
+			return n.handRelease(ctx, s, owner)
+		}
 	}
 	var v interface{}
 	var err error

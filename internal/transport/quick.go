@@ -141,36 +141,98 @@ func (n *node) quickRelease(ctx context.Context, s *Spec, owner interface{}) (in
 		return 0, err // (not put back: the drainer may still send pc's arguments)
 	}
 	defer pairPool.Put(pc)
-	gone, err := del.cmd.Int64()
-	switch {
-	case err != nil && IsReply(err):
-		return wire.NotHeld, nil
-	case err != nil:
-		n.reloadAfter(err)
-		return 0, err
-	case gone != 1:
-		return wire.NotHeld, nil
+	if held, err := n.held(del); !held {
+		return wire.NotHeld, err
 	}
 	if waiting, err := look.cmd.Int64(); err != nil || waiting == 0 {
 		return wire.Done, nil // (an error: the waiters look again at their next refresh)
 	}
 	q.Contended()
 	v, err := n.eval(ctx, s, q.wake, n.pub(ctx))
-	if err != nil {
-		n.log.Warn("remutex: waking the queue after a release failed; its waiters look again at their next refresh", "lock", s.Name, "err", err)
-		return wire.Done, nil
-	}
-	if res, _ := wire.Int64(v); res == wire.Handoff {
-		return wire.Handoff, nil
-	}
-	return wire.Done, nil
+	return n.woken(s, v, err), nil
 }
 
-// pairCalls are the two calls of a quickRelease, pooled: an uncontended
+// held reads a release's HDEL (ZREM) of its field: whether the hold was
+// there, or the round trip's error. A reply error (a key of another type)
+// means the hold is not there: not held, as release.lua answers.
+func (n *node) held(del *call) (bool, error) {
+	gone, err := del.cmd.Int64()
+	switch {
+	case err != nil && IsReply(err):
+		return false, nil
+	case err != nil:
+		n.reloadAfter(err)
+		return false, err
+	}
+	return gone == 1, nil
+}
+
+// woken is a release's reply after wake.lua answered v or err: handed off,
+// or done. A wake that failed is logged: the release itself is done.
+func (n *node) woken(s *Spec, v interface{}, err error) int64 {
+	if err != nil {
+		n.log.Warn("remutex: waking the queue after a release failed; its waiters look again at their next refresh", "lock", s.Name, "err", err)
+		return wire.Done
+	}
+	if res, _ := wire.Int64(v); res == wire.Handoff {
+		return wire.Handoff
+	}
+	return wire.Done
+}
+
+// hands says whether the lock's contended final release can be handRelease:
+// a DistMutex's, whose wake.lua passes the lock on as release.lua would.
+func (q *Quick) hands() bool { return q != nil && q.wake == WakeScript }
+
+// handRelease is the final release of a hold on a lock seen contended: HDEL
+// of the owner's field and wake.lua, in one pipeline, one round trip, as
+// release.lua's one call would be. It is the quick release with wake.lua
+// sent at once instead of EXISTS (the lock was seen contended: somebody
+// likely waits), and what it leaves in Redis is release.lua's: HDEL is
+// idempotent and names this acquisition's owner, as release.lua's does, and
+// wake.lua hands a free lock to the queue's head, as release.lua does after
+// it, and does nothing to a lock held (by a newcomer that came between the
+// two, which acquire.lua made the head's first: newcomers still queue).
+//
+// redis-server writes the replies of a round trip after its last command,
+// the client queued last first (it puts a client with a reply at the front
+// of its list of clients to write to): the releaser is queued by the HDEL's
+// reply, the waiter's Client after it by wake.lua's message, so the
+// message goes out before the releaser's replies, where release.lua's
+// reply went out before it. And wake.lua, with one argument where
+// release.lua has four, costs Redis less (docs/performance.md has both).
+func (n *node) handRelease(ctx context.Context, s *Spec, owner interface{}) (int64, error) {
+	q := s.Quick
+	pc := pairPool.Get().(*pairCalls)
+	del, wake := &pc.calls[0], &pc.calls[1]
+	*del = call{args: append(pc.args[:0], q.del, q.delKey, owner), once: true}
+	pc.pub[0] = n.pub(ctx)
+	*wake = call{s: q.wake, keys: s.KeyArgs, args: pc.pub[:], buf: pc.built[:0]}
+	if err := n.batch.doPair(ctx, del, wake); err != nil {
+		return 0, err // (not put back: the drainer may still send pc's arguments)
+	}
+	defer func() {
+		clear(pc.built[:])
+		pairPool.Put(pc)
+	}()
+	if held, err := n.held(del); !held {
+		return wire.NotHeld, err
+	}
+	v, err := n.answer(wake.cmd)
+	res := n.woken(s, v, err)
+	if res == wire.Handoff {
+		q.Contended()
+	}
+	return res, nil
+}
+
+// pairCalls are the two calls of a quickRelease or handRelease, pooled: a
 // cycle allocates what go-redis needs, little more.
 type pairCalls struct {
 	calls [2]call
 	args  []interface{}
+	pub   [1]interface{} // wake.lua's argument
+	built [8]interface{} // wake.lua's command (see call.build)
 }
 
 var pairPool = sync.Pool{New: func() any { return &pairCalls{args: make([]interface{}, 0, 3)} }}

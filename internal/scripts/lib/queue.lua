@@ -62,26 +62,20 @@ end
 local function tell(home, cid, msg)
   local channel = home .. ':released:' .. cid
   local n
-  if not handoff then
+  if handoff then
     if sharded then
-      n = redis.pcall('spublish', channel, msg)
-    else
-      n = redis.pcall('publish', channel, msg)
+      n = redis.pcall('pubsub', 'shardnumsub', channel)
+    elseif pub ~= 'pUBLISH' then
+      n = redis.pcall('pubsub', 'numsub', channel)
     end
-    return type(n) == 'number' and n > 0
+    if type(n) == 'table' and n[2] == 0 then return false end
   end
   if sharded then
-    n = redis.pcall('pubsub', 'shardnumsub', channel)
-  elseif pub ~= 'pUBLISH' then
-    n = redis.pcall('pubsub', 'numsub', channel)
-  end
-  if type(n) == 'table' and n[2] == 0 then return false end
-  if sharded then
-    redis.pcall('spublish', channel, msg)
+    n = redis.pcall('spublish', channel, msg)
   else
-    redis.pcall('publish', channel, msg)
+    n = redis.pcall('publish', channel, msg)
   end
-  return true
+  return handoff or type(n) == 'number' and n > 0
 end
 
 -- Passes a free lock held in KEYS[1] on to the queue's head, which has
@@ -100,15 +94,17 @@ local function grant_head()
     end
     if type(head) ~= 'string' then return 1 end
     local claim, fencing, owner, cid = string.match(head, '^(%d+):(.):[^:]*:(([^:]+):.+)$')
-    if not claim or not handoff then
-      if claim and tell(KEYS[1], cid, 'w ' .. head) then return 1 end
+    if not claim then
       if not handoff then redis.call('lrem', KEYS[3], 1, head) end
+    elseif not handoff then
+      if tell(KEYS[1], cid, 'w ' .. head) then return 1 end
+      redis.call('lrem', KEYS[3], 1, head)
     else
-      local f = 0
-      if fencing ~= '0' then f = next_fence() end
+      local f = '0'
+      if fencing ~= '0' then f = digits(next_fence()) end
       redis.call('hset', KEYS[1], owner, '1')
       redis.call('pexpire', KEYS[1], claim)
-      if tell(KEYS[1], cid, 'g ' .. digits(f) .. ' ' .. head) then return 2 end
+      if tell(KEYS[1], cid, 'g ' .. f .. ' ' .. head) then return 2 end
       redis.call('hdel', KEYS[1], owner)
     end
   end
