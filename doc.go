@@ -102,7 +102,10 @@
 // DistRWMutex's readers send quick_rlock.lua and ZREM + EXISTS alike. A
 // quick call that finds more than it can do hands over to the full script,
 // in a second call; a lock seen contended (a busy reply, a waiter, a
-// hand-off) is sent the full scripts at once. A lone reader needs no clock:
+// hand-off) is sent the full scripts at once, but for a DistMutex's final
+// release: HDEL of the owner's field and wake.lua in one pipeline, which
+// leaves what release.lua would, and has Redis write the waiter's message
+// before the releaser's reply. A lone reader needs no clock:
 // its deadline is written as 0, which means the readers key's own expiry,
 // and given its value when another reader joins. When several goroutines
 // of a Client release at once, their EXISTS are sent as one (on a single

@@ -108,7 +108,8 @@ type Backend interface {
 	// Acquire runs acquire.lua. A grant that replicas did not acknowledge
 	// (WithReplicaAck) has been rolled back and is ErrTooFewReplicas.
 	Acquire(ctx context.Context, s *Spec, r AcquireReq) (Reply, error)
-	// Release runs release.lua: wire.NotHeld, wire.Done or wire.Handoff.
+	// Release runs release.lua (or its uncontended or contended pipeline,
+	// see quick.go): wire.NotHeld, wire.Done or wire.Handoff.
 	Release(ctx context.Context, s *Spec, owner interface{}, want int, lease interface{}) (int64, error)
 	// Leave runs leave.lua for a waiter that gives up.
 	Leave(ctx context.Context, s *Spec, owner interface{}, entry string) error
