@@ -233,3 +233,48 @@ func TestLateUndoOfUnlock(t *testing.T) {
 		r.checkIntact(t, late, lost)
 	})
 }
+
+// TestLateCopiesOfTheHandOffRelease: the final release of a lock seen
+// contended is HDEL and wake.lua in one pipeline (see transport's
+// handRelease). Both are delivered again, late, on other connections,
+// after the goroutine has locked again and another Client has queued
+// behind it: the late HDEL names the earlier acquisition and finds nothing
+// of the newer one, and the late wake.lua finds the lock held and hands
+// nothing to the waiter.
+func TestLateCopiesOfTheHandOffRelease(t *testing.T) {
+	eachBackendParallel(t, func(t *testing.T, b *testBackend) {
+		r := newDeliveryRig(t, b)
+		r.m.spec.Quick.Contended()
+		r.g.do(t, hangGuard, "Lock", r.m.Lock)
+		lateDel := r.p.Duplicate(redistest.Match{Args: []string{"hdel", r.hash}, Times: 1}, lateDelay)
+		late := r.p.Duplicate(redistest.Match{Args: []string{wakeScript.Hash(), r.hash}, Times: 1}, lateDelay)
+		var err error
+		r.g.do(t, hangGuard, "UnlockContext", func() { err = r.m.UnlockContext(testCtx(t, hangGuard)) })
+		if err != nil {
+			t.Fatalf("UnlockContext: %v", err)
+		}
+		faultAwait(t, lateDel.Matched(1), hangGuard, "the release's HDEL sent")
+		lost := r.lockAgain(t, late)
+
+		ctx, cancel := context.WithCancel(testCtx(t, hangGuard))
+		defer cancel()
+		waiter := b.client(t).NewMutex(r.m.Name())
+		waited := make(chan error, 1)
+		go func() { waited <- waiter.LockContext(ctx) }()
+		awaitInQueue(t, r.check, keysOf(r.m.Name()).queue, 1)
+		if isClosed(late.Done(1)) || isClosed(lateDel.Done(1)) {
+			t.Fatalf("a late copy arrived before the waiter queued (held %v): the interleaving was not exercised", lateDelay)
+		}
+		faultAwait(t, lateDel.Done(1), hangGuard, "the late HDEL answered by Redis")
+		select {
+		case err := <-waited:
+			t.Fatalf("the waiter returned (%v) while the goroutine held the lock: the late wake.lua handed it over", err)
+		default:
+		}
+		r.checkIntact(t, late, lost) // (unlocks: the waiter is handed the lock)
+		if err := await(t, waited, "the waiter, handed the lock by the goroutine's release"); err != nil {
+			t.Fatalf("waiter: %v", err)
+		}
+		_ = waiter.UnlockContext(ctx)
+	})
+}
