@@ -266,6 +266,7 @@ func TestLateCopiesOfTheHandOffRelease(t *testing.T) {
 			t.Fatalf("a late copy arrived before the waiter queued (held %v): the interleaving was not exercised", lateDelay)
 		}
 		faultAwait(t, lateDel.Done(1), hangGuard, "the late HDEL answered by Redis")
+		faultAwait(t, late.Done(1), hangGuard, "the late wake.lua answered by Redis")
 		select {
 		case err := <-waited:
 			t.Fatalf("the waiter returned (%v) while the goroutine held the lock: the late wake.lua handed it over", err)
