@@ -250,7 +250,7 @@ func TestCheckDegraded(t *testing.T) {
 			}
 		}
 		// Without PUBSUB, a release cannot ask whether a queued waiter's
-		// Client listens (queue.lua): it hands the lock on to gone ones too.
+		// Client listens (told.lua): it hands the lock on to gone ones too.
 		noCountRDB := lockUserOn(t, srv, append(append([]string{}, lockUserACL...), "-pubsub")...)
 		noCount := clientOn(t, noCountRDB)
 		if err := noCount.Check(ctx); !errors.Is(err, ErrDegraded) || !strings.Contains(err.Error(), "PUBSUB NUMSUB") {

@@ -64,11 +64,10 @@ if fencing ~= '0' then
 --#include counter.lua
 end
 
---#include take_hash.lua
-
 if cur then
   -- Our field exists: a resend of an acquire that was applied, or a queue
   -- grant this waiter has not heard of yet. Set the full lease.
+--#include take_hash.lua
   if fencing == '0' then return take(0) end
 --#include fence.lua
   if fencing == '2' then return take(next_fence()) end
@@ -87,12 +86,23 @@ if pttl == -2 then
   -- wake.lua of its release has not run yet). The queue's head is owed it:
   -- it gets it now and the caller queues, unless the caller is the head,
   -- or nobody takes it (or a quorum, whose waiters race for it).
---#include queue.lua
+--#include pub.lua
   local head = redis.pcall('lindex', queue, 0)
-  if type(head) == 'table' then return type_error(queue, 'list') or head end
-  if not handoff or not head or head == entry or grant_head() ~= 2 then
+  if type(head) == 'table' then
+--#include type_error.lua
+    return type_error(queue, 'list') or head
+  end
+  local granted = 1
+  if handoff and head and head ~= entry then
+--#include grant.lua
+  end
+  if granted ~= 2 then
     local f = 0
-    if fencing ~= '0' then f = next_fence() end
+    if fencing ~= '0' then
+--#include fence.lua
+      f = next_fence()
+    end
+--#include take_hash.lua
     return take(f)
   end
   pttl = redis.call('pttl', hash)

@@ -13,7 +13,7 @@ if redis.pcall('hexists', hash, owner) ~= 1 then return 0 end
 redis.call('hdel', hash, owner)
 if redis.call('exists', hash) == 1 then return 1 end
 
---#include queue.lua
-
-grant_head()
+--#include pub.lua
+local granted = 1
+--#include grant.lua
 return 1

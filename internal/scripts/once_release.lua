@@ -65,4 +65,7 @@ if redis.call('exists', hash, queue) ~= 1 then return 1 end
 
 --#include queue.lua
 
-return grant_head()
+--#include pub.lua
+local granted = 1
+--#include grant.lua
+return granted

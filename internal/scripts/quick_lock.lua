@@ -9,14 +9,17 @@
 -- Returns the fence token (0 without fencing) when the hash and the queue
 -- were missing and the owner's count is now 1; -1 otherwise, having written
 -- nothing (a fence token may be spent).
-if redis.call('exists', KEYS[1], KEYS[2]) ~= 0 then return -1 end
+--
+-- (Each KEYS[i] or ARGV[i] a script reads costs Redis a few hundred
+-- instructions: the hash's name is read once.)
+local hash, fence_key = KEYS[1], KEYS[3]
+if redis.call('exists', hash, KEYS[2]) ~= 0 then return -1 end
 local f = 0
-local fence_key = KEYS[3]
 if fence_key then
   f = redis.pcall('incr', fence_key)
   if type(f) ~= 'number' then return -1 end -- acquire.lua names the error
 --#include seed.lua
 end
-redis.call('hset', KEYS[1], ARGV[1], '1')
-redis.call('pexpire', KEYS[1], ARGV[2])
+redis.call('hset', hash, ARGV[1], '1')
+redis.call('pexpire', hash, ARGV[2])
 return f

@@ -67,7 +67,10 @@ local writer = owner
 local slash = string.find(owner, '/', 1, true)
 if slash then writer = string.sub(owner, 1, slash - 1) end
 local w = redis.pcall('hexists', KEYS[1], writer)
-if type(w) == 'table' then return type_error(KEYS[1], 'hash') end
+if type(w) == 'table' then
+--#include type_error.lua
+  return type_error(KEYS[1], 'hash')
+end
 if w == 1 then return take() end
 
 --#include place.lua
@@ -89,7 +92,10 @@ if redis.call('exists', KEYS[1]) == 0 then
   end
   if redis.call('exists', KEYS[1]) == 0 then
     local head = redis.pcall('lindex', queue, 0)
-    if type(head) == 'table' then return type_error(queue, 'list') or head end
+    if type(head) == 'table' then
+--#include type_error.lua
+      return type_error(queue, 'list') or head
+    end
     if not head or head == entry then return take() end
   end
 end

@@ -142,3 +142,64 @@ func TestLoadOnServer(t *testing.T) {
 		}
 	}
 }
+
+// luaToken finds the words that open and close Lua blocks, after strings
+// and comments are cut from a line.
+var (
+	luaString = regexp.MustCompile(`'[^']*'|"[^"]*"`)
+	luaToken  = regexp.MustCompile(`\b(do|if|function|repeat|end|until)\b`)
+)
+
+// unbranchedFunctions returns the lines of src that define a function
+// inside no if: built at each call of the script that gets that far,
+// whichever branch it takes.
+func unbranchedFunctions(src string) []string {
+	var found []string
+	var open []string // the blocks around a line, innermost last
+	for i, line := range strings.Split(src, "\n") {
+		code, _, _ := strings.Cut(line, "--")
+		code = luaString.ReplaceAllString(code, "''")
+		for _, tok := range luaToken.FindAllString(code, -1) {
+			switch tok {
+			case "end", "until":
+				if len(open) > 0 {
+					open = open[:len(open)-1]
+				}
+				continue
+			case "function":
+				branched := false
+				for _, b := range open {
+					branched = branched || b == "if"
+				}
+				if !branched {
+					found = append(found, "line "+itoa(i+1)+": "+strings.TrimSpace(line))
+				}
+			}
+			open = append(open, tok)
+		}
+	}
+	return found
+}
+
+// TestHotPathsBuildNoFunctions: Lua builds a script's functions at every
+// call that reaches their definition (about 1k instructions each, and more
+// for its collector), so the scripts of a DistMutex's uncontended cycle, of
+// its waiters and of its hand-off define theirs only inside the branches
+// that call them (fence.lua's for a head that fences, take_hash.lua's for a
+// waiter that takes the lock).
+func TestHotPathsBuildNoFunctions(t *testing.T) {
+	for _, n := range []string{"quick_lock", "acquire", "wake", "release", "leave"} {
+		if found := unbranchedFunctions(Source(n)); len(found) > 0 {
+			t.Errorf("%s defines functions outside its branches: %s", n, strings.Join(found, "; "))
+		}
+	}
+	// The check finds what it must: queue.lua's functions, at the top of
+	// rw.lua's scripts, and a function in a loop.
+	if found := unbranchedFunctions(Source("rlock")); len(found) < 2 {
+		t.Errorf("rlock: found %d functions outside branches, want its own and queue.lua's", len(found))
+	}
+	src := "if x then\n local function f() end\nend\nfor i = 1, 2 do\n local function g() end\nend\nlocal h = 'end'"
+	if found := unbranchedFunctions(src); len(found) != 1 || !strings.Contains(found[0], "g()") {
+		t.Errorf("unbranchedFunctions: got %v, want g alone", found)
+	}
+}

@@ -55,7 +55,10 @@ end
 -- A caller that already holds (a resend, or a grant it has not heard of
 -- yet) is answered with its holding's own token, its lease renewed.
 local cur = redis.pcall('hget', H, owner)
-if type(cur) == 'table' then return type_error(H, 'hash') or cur end
+if type(cur) == 'table' then
+--#include type_error.lua
+  return type_error(H, 'hash') or cur
+end
 if cur then
   local f = token_of(owner)
   keep_size()
@@ -69,7 +72,10 @@ local total, soonest
 total, soonest, bad = held(true)
 if bad then return bad end
 local head = redis.pcall('lindex', queue, 0)
-if type(head) == 'table' then return type_error(queue, 'list') or head end
+if type(head) == 'table' then
+--#include type_error.lua
+  return type_error(queue, 'list') or head
+end
 if head and head ~= entry and grant_sem(total, size) > 0 then
   -- Heads that fit were served (a holder's lease ran out, or the release
   -- that freed the permits has not passed them on yet): the caller may be

@@ -3,11 +3,12 @@
 -- lock, or woken, as release.lua would have done.
 --
 -- KEYS = hash, fence counter, queue (see acquire.lua).
--- ARGV = the node's publish command (see queue.lua).
+-- ARGV = the node's publish command (see pub.lua).
 -- Returns 2 handed off; 1 otherwise (taken meanwhile by a newcomer, whose
 -- release wakes the queue, or nobody left).
 if redis.call('exists', KEYS[1]) == 1 then return 1 end
 
---#include queue.lua
-
-return grant_head()
+--#include pub.lua
+local granted = 1
+--#include grant.lua
+return granted

@@ -43,7 +43,10 @@ local bad = prune_readers()
 if bad then return bad end
 if redis.call('exists', hash) == 0 and redis.call('zcard', R) == 0 then
   local head = redis.pcall('lindex', queue, 0)
-  if type(head) == 'table' then return type_error(queue, 'list') or head end
+  if type(head) == 'table' then
+--#include type_error.lua
+    return type_error(queue, 'list') or head
+  end
   if not head or head == entry or not handoff then
     local f = 0
     if fencing ~= '0' then f = next_fence() end

@@ -325,7 +325,7 @@ func (n *node) checkPermissions(ctx context.Context, prefix, id string, sharded 
 	}
 	if n.cluster && !sharded || !n.handoff {
 		// Every node relays, or a quorum's server only wakes waiters: the
-		// release does not count listeners (queue.lua).
+		// release does not count listeners (told.lua).
 		count = ""
 	}
 	cl := &call{s: checkScript, keys: []interface{}{base, base + ":z", base + ":s", base + ":l"}, args: []interface{}{pub, channel, count}}

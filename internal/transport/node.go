@@ -54,7 +54,7 @@ type node struct {
 	ack      replicaAck
 	errs     func(error) error // Config.ScriptError
 	handoff  bool              // the queue hands the lock to waiters (a quorum's servers only wake them)
-	pubs     [3]interface{}    // the slow paths' publish commands, classic, sharded and relayed (queue.lua): in capitals without handoff; boxed once
+	pubs     [3]interface{}    // the slow paths' publish commands, classic, sharded and relayed (pub.lua): in capitals without handoff; boxed once
 	decided  atomic.Bool       // shardPub is decided (by the batcher's drainer alone)
 	shardPub atomic.Bool       // release messages use sharded pub/sub
 	batch    batcher           // coalesces the lock script calls of concurrent callers
@@ -299,7 +299,7 @@ func (n *node) answer(cmd *redis.Cmd) (interface{}, error) {
 }
 
 // pub is the argument every lock script ends with, read only by its slow
-// path (see queue.lua): the publish command, in capitals where the queue
+// path (see pub.lua): the publish command, in capitals where the queue
 // only wakes waiters (a quorum).
 func (n *node) pub(ctx context.Context) interface{} {
 	switch {

@@ -55,7 +55,7 @@ type Script struct {
 	Src, SHA interface{}
 	hash     string
 	// Pub: Backend.Script appends the node's publish command to its
-	// arguments (see queue.lua), as the lock scripts' calls do.
+	// arguments (see pub.lua), as the lock scripts' calls do.
 	Pub bool
 	// Acked: a write whose call Backend.Script pipelines with WAIT under
 	// WithReplicaAck (ErrTooFewReplicas when too few acknowledged it).

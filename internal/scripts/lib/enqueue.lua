@@ -1,6 +1,6 @@
 -- Fragment, pasted where an entry script says --#include enqueue.lua.
 -- Reads: ARGV[6] (the caller's queue entry argument).
--- Defines: queue_keep, entry, known, prev, and type_error(key, want).
+-- Defines: queue_keep, entry, known, prev.
 --
 -- The caller's place in the queue (see queue.lua), for the scripts that
 -- acquire or queue (acquire, rlock, wlock, sem_acquire). ARGV[6] is its
@@ -23,14 +23,4 @@ if string.byte(entry) == 43 then -- '+'
   if bar then prev, entry = string.sub(entry, 1, bar - 1), string.sub(entry, bar + 1) end
 elseif entry == '' then
   entry = nil
-end
-
--- An error reply for a key of another type than want (or none), else nil.
-local function type_error(key, want)
-  local t = redis.call('type', key)
-  if type(t) == 'table' then t = t['ok'] end
-  if t ~= 'none' and t ~= want then
-    return redis.error_reply('WRONGTYPE remutex ' .. t .. ' ' .. key)
-  end
-  return nil
 end

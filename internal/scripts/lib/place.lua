@@ -1,5 +1,6 @@
 -- Fragment, pasted where an entry script says --#include place.lua.
--- Reads: KEYS[3] (the queue); entry, prev, known and type_error (enqueue.lua).
+-- Reads: KEYS[3] (the queue); entry, prev and known (enqueue.lua);
+--   includes type_error.lua.
 -- Defines: there (the entry's index in the queue, or false); returns -3 from
 --   the including script for a known entry that is gone.
 --
@@ -12,7 +13,10 @@
 local there = false
 if entry then
   there = redis.pcall('lpos', KEYS[3], prev or entry)
-  if type(there) == 'table' then return type_error(KEYS[3], 'list') or there end
+  if type(there) == 'table' then
+--#include type_error.lua
+    return type_error(KEYS[3], 'list') or there
+  end
   if prev then
     if there then
       redis.call('lset', KEYS[3], there, entry)

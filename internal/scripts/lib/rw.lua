@@ -6,7 +6,7 @@
 --   grant_readers, grant_rw, rw_pttl.
 --
 -- Shared by the slow paths of the read/write lock's scripts (DistRWMutex),
--- included after queue.lua (whose grant_head they do not use). KEYS =
+-- included after queue.lua (and not grant.lua, a DistMutex's). KEYS =
 -- writer hash W (owner -> write count), fence counter, queue (see
 -- queue.lua: flag 'w' a writer, 'r' a reader, in capitals with fencing; a
 -- reader is told the latest write's token), readers R (owner -> deadline,
