@@ -6,7 +6,8 @@
 -- ARGV = the node's publish command (see pub.lua).
 -- Returns 2 handed off; 1 otherwise (taken meanwhile by a newcomer, whose
 -- release wakes the queue, or nobody left).
-if redis.call('exists', KEYS[1]) == 1 then return 1 end
+local hash, queue = KEYS[1], KEYS[3]
+if redis.call('exists', hash) == 1 then return 1 end
 
 --#include pub.lua
 local granted = 1

@@ -1,10 +1,10 @@
 -- Fragment, pasted where an entry script says --#include grant.lua.
--- Reads: KEYS[1] (the home key), KEYS[2] (via fence.lua), KEYS[3] (the
---   queue); pub, handoff and sharded (pub.lua).
+-- Reads: the includer's locals hash (KEYS[1]) and queue (KEYS[3]); KEYS[2]
+--   (via fence.lua); pub, handoff and sharded (pub.lua).
 -- Defines: nothing; sets the includer's local granted to 2 when it handed
 --   the lock on (else leaves it).
 --
--- Passes a free lock held in KEYS[1] on to the queue's head (see
+-- Passes a free lock held in the hash on to the queue's head (see
 -- queue.lua), which has waited longest: on a single server it is handed the
 -- lock and its Client told 'g <fence> <entry>'; a quorum's server only tells
 -- it 'w <entry>' (it may try now). One message, to one Client. A head whose
@@ -17,16 +17,16 @@
 for _ = 1, 8 do
   local head
   if handoff then
-    head = redis.pcall('lpop', KEYS[3])
+    head = redis.pcall('lpop', queue)
   else
-    head = redis.pcall('lindex', KEYS[3], 0)
+    head = redis.pcall('lindex', queue, 0)
   end
   if type(head) ~= 'string' then break end
   local claim, flag, heir, cid = string.match(head, '^(%d+):(.):[^:]*:(([^:]+):.+)$')
   if not claim then
-    if not handoff then redis.call('lrem', KEYS[3], 1, head) end
+    if not handoff then redis.call('lrem', queue, 1, head) end
   else
-    local home, msg = KEYS[1], nil
+    local home, msg = hash, nil
     if handoff then
       local f = '0'
       if flag ~= '0' then
@@ -47,7 +47,7 @@ for _ = 1, 8 do
     if handoff then
       redis.call('hdel', home, heir)
     else
-      redis.call('lrem', KEYS[3], 1, head)
+      redis.call('lrem', queue, 1, head)
     end
   end
 end

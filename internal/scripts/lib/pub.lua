@@ -3,7 +3,8 @@
 -- Defines: pub, handoff, sharded.
 --
 -- The last argument of every lock script is the node's publish command:
--- 'publish', or 'spublish' on a Redis 7 cluster; in capitals ('PUBLISH',
+-- 'publish', or 'spublish' on a Redis 7 cluster (these two, and 'pUBLISH'
+-- below, begin in lower case: the lock is handed off); in capitals ('PUBLISH',
 -- 'SPUBLISH': Redis reads commands in any case) on a quorum's servers,
 -- whose queues never hand the lock on, only wake waiters (one argument
 -- fewer: each costs the server about as much as a command). 'pUBLISH' is
@@ -13,5 +14,7 @@
 -- Every command is named literally (proxies that vet scripts refuse a
 -- command name held in a variable): the argument only chooses between them.
 local pub = ARGV[#ARGV]
-local handoff = string.byte(pub) > 96 -- lower case
+-- (Compared whole: Lua compares strings by reference, where string.byte
+-- would be a library call.)
+local handoff = pub == 'publish' or pub == 'spublish' or pub == 'pUBLISH'
 local sharded = pub == 'spublish' or pub == 'SPUBLISH'
