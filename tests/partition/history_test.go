@@ -132,6 +132,9 @@ func (ph *partHistory) add(proc string, f []string) {
 	if closed {
 		delete(ph.open, hd)
 	}
+	if f[0] == "write" {
+		ph.wake() // (see awaitFound)
+	}
 	ph.mu.Unlock()
 	if f[0] == "lock" && f[7] == "nil" {
 		ph.acquiredAt(partTime(f[6]))

@@ -131,6 +131,9 @@ func TestPartitionChecks(t *testing.T) {
 			t.Parallel()
 			run := startPartition(t, partConfig{kind: tc.kind, seed: 1, broken: tc.broken})
 			run.await(t, tc.holds)
+			if tc.want != nil {
+				run.awaitFound(t, tc.want)
+			}
 			run.finish(t)
 			viol := checkPartition(run.hist, run.register(t))
 			if tc.kind == "elect" {
@@ -272,6 +275,28 @@ func (run *partRun) await(t *testing.T, n int) {
 		case <-changed:
 		case <-deadline:
 			t.Fatalf("%d holds within a minute, want %d:\n%s", run.hist.acquired(), n, run.hist.Summary())
+		}
+	}
+}
+
+// awaitFound waits until the checks find a violation of one of kinds in
+// the run so far. A broken holder's fault shows only once it held after
+// another holder wrote (its stale fence is then another's), and on a busy
+// machine an election's broken candidate may win none of the first terms.
+func (run *partRun) awaitFound(t *testing.T, kinds []string) {
+	t.Helper()
+	deadline := time.After(time.Minute)
+	for {
+		changed := run.hist.changed()
+		for _, v := range checkPartition(run.hist, run.register(t)) {
+			if slices.Contains(kinds, v.Kind) {
+				return
+			}
+		}
+		select {
+		case <-changed:
+		case <-deadline:
+			t.Fatalf("no violation of kind %q within a minute:\n%s", kinds, run.hist.Summary())
 		}
 	}
 }
