@@ -32,7 +32,7 @@ func TestMigrateOnce(t *testing.T) {
 	}
 	for _, b := range backends {
 		t.Run(b.name, func(t *testing.T) {
-			cfg := config{procs: 4, steps: 4, step: 10 * time.Millisecond, lease: 500 * time.Millisecond}
+			cfg := config{procs: 4, steps: 4, step: 10 * time.Millisecond, lease: 2 * time.Second} // (a lease that outlasts a starved watchdog on a busy machine)
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
 			var out strings.Builder
