@@ -369,10 +369,19 @@ func TestBatchErrorsPerCall(t *testing.T) {
 		c := clientOn(t, rdb)
 		a, bm := c.NewMutex(name+"-a"), c.NewMutex(name+"-b")
 		free, busy, bad := c.NewMutex(name+"-free"), c.NewMutex(name+"-busy"), c.NewMutex(name+"-bad")
-		for i := 0; busy.spec.Quick.Until == free.spec.Quick.Until || busy.spec.Quick.Until == bad.spec.Quick.Until; i++ {
-			// (Locks that share a slot of the Client's contention marks
-			// would be sent the full script with busy.)
+		heldM := c.NewMutex(name + "-held")
+		// (Locks that share a slot of the Client's contention marks would be
+		// sent the full scripts with busy, or with bad, which its TryLock
+		// marks contended: the held lock's release would then hand off, HDEL
+		// and wake.lua, not HDEL and EXISTS.)
+		shares := func(m *DistMutex, others ...*DistMutex) bool {
+			return slices.ContainsFunc(others, func(o *DistMutex) bool { return m.spec.Quick.Until == o.spec.Quick.Until })
+		}
+		for i := 0; shares(busy, free, bad); i++ {
 			busy = c.NewMutex(fmt.Sprintf("%s-busy%d", name, i))
+		}
+		for i := 0; shares(heldM, busy, bad); i++ {
+			heldM = c.NewMutex(fmt.Sprintf("%s-held%d", name, i))
 		}
 		check := b.rdb(t)
 		if err := check.Set(ctx, bad.spec.hash(), "x", 0).Err(); err != nil {
@@ -381,7 +390,7 @@ func TestBatchErrorsPerCall(t *testing.T) {
 		if err := b.client(t).NewMutex(busy.spec.name).LockContext(ctx); err != nil {
 			t.Fatal(err)
 		}
-		held := lockAsync(t, c.NewMutex(name+"-held"), nil, "")
+		held := lockAsync(t, heldM, nil, "")
 		if r := await(t, held.locked, "LockContext of the lock to release"); r.err != nil {
 			t.Fatal(r.err)
 		}
@@ -400,7 +409,7 @@ func TestBatchErrorsPerCall(t *testing.T) {
 		res := tryAll(t, []*DistMutex{busy})
 		waitFor(t, "the first call queued", func() bool { return slices.Equal(queuedCalls(c), calls("acquire", busy)) })
 		res = append(res, tryAll(t, []*DistMutex{free, bad})...)
-		release := "release:" + c.NewMutex(name+"-held").spec.hash()
+		release := "release:" + heldM.spec.hash()
 		held.unlock()
 		want := append(calls("acquire", free, busy, bad), release)
 		slices.Sort(want)
