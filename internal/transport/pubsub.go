@@ -64,13 +64,6 @@ type psConn struct {
 	ops     []subOp       // guarded by subscriber.mu: for the writer, in order
 	kick    chan struct{} // capacity 1: ops has work
 	retired chan struct{} // closed when the connection is given up (see retire)
-	// first is closed by the writer once it has sent its first
-	// (un)subscriptions, or stopped; the reader's first receive waits for
-	// it. go-redis opens a PubSub's connection at its first call, and a
-	// cluster client opens it on the master of the first channel's slot,
-	// or on a random node for a call that names none (a receive): so a
-	// Client's classic subscription sits where its first wait put it.
-	first chan struct{}
 }
 
 // subOp is a subscription (sub) or unsubscription for a connection's writer.
@@ -168,12 +161,6 @@ func (s *subscriber) queueLocked(conn *psConn, channel string, sub bool) {
 // it again when the reader reconnects.
 func (s *subscriber) write(conn *psConn) {
 	defer s.readers.Done()
-	first := conn.first
-	defer func() {
-		if first != nil {
-			close(first)
-		}
-	}()
 	ctx := context.Background()
 	for {
 		select {
@@ -207,10 +194,6 @@ func (s *subscriber) write(conn *psConn) {
 				s.n.log.Debug("remutex: (un)subscribe failed", "channel", op.channel, "subscribe", op.sub, "err", err)
 			}
 		}
-		if first != nil {
-			close(first) // (see psConn.first)
-			first = nil
-		}
 	}
 }
 
@@ -231,7 +214,7 @@ func (s *subscriber) connLocked(channel string) (*psConn, error) {
 	if conn := s.conns[addr]; conn != nil {
 		return conn, nil
 	}
-	conn := &psConn{addr: addr, sharded: sharded, kick: make(chan struct{}, 1), retired: make(chan struct{}), first: make(chan struct{})}
+	conn := &psConn{addr: addr, sharded: sharded, kick: make(chan struct{}, 1), retired: make(chan struct{})}
 	if sharded {
 		conn.ps = node.SSubscribe(ctx) // without channels: no I/O yet
 	} else {
@@ -293,7 +276,6 @@ func (s *subscriber) isClosed() bool {
 // re-arms after it (or on another processor meanwhile).
 func (s *subscriber) run(conn *psConn) {
 	defer s.readers.Done()
-	<-conn.first // (see psConn.first)
 	var bo Backoff
 	var live liveness
 	for {
