@@ -290,20 +290,30 @@ func TestTurnBeforeSubscription(t *testing.T) {
 		// next, its pub/sub connection, waits for the gate. While the release
 		// hands the lock on, its calls wait too: the first waiter, at the head
 		// and polling, could otherwise take the lock between the release's
-		// two calls (HDEL, then the hand-off).
+		// two calls (HDEL, then the hand-off). A call let through before the
+		// calls were held is awaited before the release (see hold).
 		gate, calls := make(chan struct{}), make(chan struct{})
 		var dials atomic.Int32
-		var holding atomic.Bool
+		var mu sync.Mutex
+		holding, inFlight := false, 0
 		drdb := b.rdb(t)
-		hold := func(ctx context.Context) error {
-			if holding.Load() {
-				select {
-				case <-calls:
-				case <-ctx.Done():
-					return ctx.Err()
-				}
+		hold := func(ctx context.Context, next func() error) error {
+			mu.Lock()
+			held := holding
+			if !held {
+				inFlight++
 			}
-			return nil
+			mu.Unlock()
+			if !held {
+				defer func() { mu.Lock(); inFlight--; mu.Unlock() }()
+				return next()
+			}
+			select {
+			case <-calls:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			return next()
 		}
 		drdb.AddHook(hookFuncs{
 			dial: func(ctx context.Context, network, addr string, next redis.DialHook) (net.Conn, error) {
@@ -317,16 +327,10 @@ func TestTurnBeforeSubscription(t *testing.T) {
 				return next(ctx, network, addr)
 			},
 			process: func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
-				if err := hold(ctx); err != nil {
-					return err
-				}
-				return next(ctx, cmd)
+				return hold(ctx, func() error { return next(ctx, cmd) })
 			},
 			pipeline: func(ctx context.Context, cmds []redis.Cmder, next redis.ProcessPipelineHook) error {
-				if err := hold(ctx); err != nil {
-					return err
-				}
-				return next(ctx, cmds)
+				return hold(ctx, func() error { return next(ctx, cmds) })
 			},
 		})
 		deaf := clientOn(t, drdb)
@@ -338,6 +342,9 @@ func TestTurnBeforeSubscription(t *testing.T) {
 		require.False(t, deaf.NewMutex(name).TryLock(), "TryLock of the held lock") // dials the pool's connection
 
 		first := goLock(t, deaf.NewMutex(name))
+		// goLock's cleanup waits for the waiter's calls: a test that fails
+		// lets them through first, so that it fails rather than hangs.
+		t.Cleanup(func() { open(); resume() })
 		waitFor(t, "the first waiter queued", func() bool { return rdb.LLen(ctx, k.queue).Val() == 1 })
 		sc := b.client(t)
 		second := goLock(t, sc.NewMutex(name))
@@ -346,7 +353,14 @@ func TestTurnBeforeSubscription(t *testing.T) {
 		})
 		require.Empty(t, rdb.PubSubChannels(ctx, k.channel+deaf.id).Val(), "the first waiter's Client listening, before its gate opened")
 
-		holding.Store(true)
+		mu.Lock()
+		holding = true
+		mu.Unlock()
+		waitFor(t, "the deaf Client's calls sent before they were held to return", func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return inFlight == 0
+		})
 		holder.Unlock()
 		require.NoError(t, await(t, second.locked, "the second waiter, served when the first did not listen"))
 		resume()

@@ -159,9 +159,16 @@ func (s *subscriber) queueLocked(conn *psConn, channel string, sub bool) {
 // write sends conn's queued (un)subscriptions until the Client closes. An
 // error is not final: go-redis records a subscribed channel and subscribes
 // it again when the reader reconnects.
+//
+// The writer starts the connection's reader once it has sent its first
+// batch: go-redis opens a PubSub's connection at its first call, and a
+// cluster client opens it on the master of the first channel's slot, but
+// on a random node for a call that names no channel (a receive). So a
+// Client's classic subscription sits where its first wait put it.
 func (s *subscriber) write(conn *psConn) {
 	defer s.readers.Done()
 	ctx := context.Background()
+	reading := false
 	for {
 		select {
 		case <-conn.kick:
@@ -194,6 +201,11 @@ func (s *subscriber) write(conn *psConn) {
 				s.n.log.Debug("remutex: (un)subscribe failed", "channel", op.channel, "subscribe", op.sub, "err", err)
 			}
 		}
+		if !reading {
+			reading = true
+			s.readers.Add(1) // (this writer's count keeps the group open)
+			go s.run(conn)
+		}
 	}
 }
 
@@ -221,9 +233,8 @@ func (s *subscriber) connLocked(channel string) (*psConn, error) {
 		conn.ps = s.n.rdb.Subscribe(ctx)
 	}
 	s.conns[addr] = conn
-	s.readers.Add(2)
-	go s.run(conn)
-	go s.write(conn)
+	s.readers.Add(1)
+	go s.write(conn) // which starts the reader (see write)
 	return conn, nil
 }
 
