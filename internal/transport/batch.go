@@ -57,8 +57,8 @@ type batcher struct {
 	// once close has waited long enough for them; stop ends it.
 	stopped context.Context
 	stop    context.CancelFunc
-	// The context of the drainer's rounds (see batchContext); a drainer
-	// starts only after the last one ended (see take), under mu.
+	// The context of the drainer's rounds until stop (see batchContext); a
+	// drainer starts only after the last one ended (see take), under mu.
 	roundCtx detached
 }
 
@@ -509,10 +509,19 @@ func (p *pending) add(ps []*pending, calls []*call) ([]*pending, []*call) {
 // deadlines (with no deadline if one has none), so that a server that does
 // not answer holds up no longer than its callers would have waited.
 func (b *batcher) batchContext(ps []*pending) (context.Context, context.CancelFunc) {
-	// (The drainer's own, reused round after round: go-redis keeps no
-	// context past a call.)
-	b.roundCtx = detached{Context: b.stopped, values: ps[0].ctx}
-	ctx := context.Context(&b.roundCtx)
+	// The drainer's own, reused round after round: go-redis keeps no
+	// context past a call. But a context made from it (WithDeadline, below)
+	// hears of the stop through its AfterFunc, whose callback, once the
+	// stop fired it, reads the round's context on a goroutine of its own,
+	// maybe after the round ended. A round's cancel unregisters the
+	// callback unless it fired, and it fired only if b.stopped ended
+	// before that cancel: then every later round gets a context of its own.
+	rc := &b.roundCtx
+	if b.stopped.Err() != nil {
+		rc = new(detached)
+	}
+	*rc = detached{Context: b.stopped, values: ps[0].ctx}
+	ctx := context.Context(rc)
 	var latest time.Time
 	for _, p := range ps {
 		if p.until.IsZero() {
